@@ -1,0 +1,19 @@
+"""Test set-up: 8 simulated CPU devices, set before jax is first imported."""
+import os
+import pathlib
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture
+def shared_data() -> pathlib.Path:
+  """../shared/data (TFDS-format MNIST); a user's clone lacks it, so skip then."""
+  if not (SHARED_DATA / "mnist").is_dir():
+    pytest.skip(f"{SHARED_DATA} is missing (only the project's own machines have it)")
+  return SHARED_DATA

@@ -1,0 +1,183 @@
+"""Named models: parameter counts, shapes, options, outputs, bad input."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vit_jax import models
+
+import timm_reference
+
+# From the paper's released models (DESIGN.md): 224 px, 1000 classes, no pre-logits.
+PAPER_COUNTS = {
+    "ViT-Ti_16": 5_717_416,
+    "ViT-S_16": 22_050_664,
+    "ViT-B_16": 86_567_656,
+    "ViT-B_32": 88_224_232,
+    "ViT-L_16": 304_326_632,
+    "ViT-H_14": 632_045_800,
+    "R50+ViT-B_16": 98_659_112,
+    "R26+ViT-S_32": 36_431_912,
+}
+
+TINY = dict(hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2)
+
+
+def count_params(model, size=224) -> int:
+  shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, size, size, 3)))
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes["params"]))
+
+
+def init_apply(model, images, **kw):
+  variables = model.init(jax.random.key(0), images)
+  return variables, model.apply(variables, images, **kw)
+
+
+@pytest.mark.parametrize("name", sorted(PAPER_COUNTS))
+def test_paper_parameter_counts(name):
+  assert count_params(models.create_model(name, num_classes=1000)) == PAPER_COUNTS[name]
+
+
+@pytest.mark.parametrize("name", sorted(models.MODEL_CONFIGS))
+def test_every_registry_entry_matches_timm_count(name):
+  if timm_reference.timm is None:
+    pytest.skip("timm is not installed (pip install -e '.[test]')")
+  with timm_reference.torch.device("meta"):
+    reference = timm_reference.create(name, num_classes=1000)
+  expected = sum(p.numel() for p in reference.parameters())
+  assert count_params(models.create_model(name, num_classes=1000)) == expected
+
+
+def test_registry_has_the_official_names():
+  expected = {"ViT-Ti_16", "ViT-S_16", "ViT-S_32", "ViT-B_8", "ViT-B_16", "ViT-B_32",
+              "ViT-L_16", "ViT-L_32", "ViT-H_14", "ViT-g_14", "R+ViT-Ti_16", "R50+ViT-B_16",
+              "R26+ViT-B_32", "R26+ViT-S_32", "R50+ViT-L_32", "ViT-B_16-gap-norep"}
+  assert expected <= set(models.MODEL_CONFIGS)
+  g = models.model_config("ViT-g_14")
+  assert (g["hidden_size"], g["mlp_dim"], g["num_heads"], g["num_layers"]) == (1408, 6144, 16, 40)
+
+
+def test_parameter_tree_uses_released_names():
+  model = models.create_model("R26+ViT-S_32", num_classes=10, num_layers=1)
+  shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 64, 64, 3)))["params"]
+  block = shapes["Transformer"]["encoderblock_0"]
+  assert set(block) == {"LayerNorm_0", "MultiHeadDotProductAttention_1", "LayerNorm_2", "MlpBlock_3"}
+  assert block["MultiHeadDotProductAttention_1"]["query"]["kernel"].shape == (384, 6, 64)
+  assert block["MultiHeadDotProductAttention_1"]["out"]["kernel"].shape == (6, 64, 384)
+  assert shapes["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 5, 384)
+  assert shapes["cls"].shape == (1, 1, 384)
+  assert {"conv_root", "gn_root", "block1", "block4", "embedding", "head"} <= set(shapes)
+  assert set(shapes["block1"]["unit1"]) == {
+      "conv1", "conv2", "conv3", "gn1", "gn2", "gn3", "conv_proj", "gn_proj"}
+
+
+@pytest.mark.parametrize("classifier,posemb,tokens", [
+    ("token", "learn", 17), ("gap", "learn", 16), ("map", "learn", 16),
+    ("token", "sincos2d", 17), ("gap", "sincos2d", 16)])
+def test_options_and_aux_outputs(classifier, posemb, tokens):
+  model = models.create_model("ViT-Ti_16", num_classes=5, classifier=classifier, posemb=posemb,
+                              representation_size=24, patch_size=8, **TINY)
+  images = jax.random.normal(jax.random.key(1), (3, 32, 32, 3))
+  variables, (logits, aux) = init_apply(model, images, return_aux=True)
+  assert logits.shape == (3, 5)
+  assert aux["pre_logits"].shape == (3, 24)
+  assert aux["encoded"].shape == (3, tokens, 32)
+  assert ("posembed_input" in variables["params"]["Transformer"]) == (posemb == "learn")
+  assert ("cls" in variables["params"]) == (classifier == "token")
+  assert ("MAPHead_0" in variables["params"]) == (classifier == "map")
+  # Zero-initialised head: logits equal the bias (0) at init.
+  np.testing.assert_array_equal(logits, 0.0)
+
+
+def test_attention_weights_are_returned_and_normalised():
+  model = models.create_model("ViT-Ti_16", num_classes=5, patch_size=8, **TINY)
+  images = jax.random.normal(jax.random.key(1), (2, 32, 32, 3))
+  variables = model.init(jax.random.key(0), images)
+  variables = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(2), p.shape), variables)
+  plain = model.apply(variables, images)
+  logits, aux = model.apply(variables, images, return_attention=True)
+  # The explicit-softmax path (needed for the weights) equals the fused path.
+  np.testing.assert_allclose(logits, plain, atol=1e-5)
+  attention = aux["attention"]
+  assert len(attention) == 2 and attention[0].shape == (2, 4, 17, 17)
+  np.testing.assert_allclose(np.sum(attention[-1], axis=-1), 1.0, atol=1e-5)
+
+
+def test_hybrid_shapes_and_stride():
+  model = models.create_model("R50+ViT-B_16", num_classes=3, **TINY)
+  assert model.stride == 16
+  images = jnp.zeros((1, 64, 64, 3))
+  _, (logits, aux) = init_apply(model, images, return_aux=True)
+  assert logits.shape == (1, 3) and aux["encoded"].shape == (1, 1 + 16, 32)
+  assert models.create_model("R+ViT-Ti_16").stride == 32
+  assert models.create_model("R26+ViT-S_32").stride == 32
+
+
+def test_bf16_computation_keeps_float32_params_and_is_close():
+  kw = dict(num_classes=5, patch_size=8, **TINY)
+  images = jax.random.normal(jax.random.key(1), (2, 32, 32, 3))
+  f32 = models.create_model("ViT-Ti_16", **kw)
+  variables = f32.init(jax.random.key(0), images)
+  variables = jax.tree.map(lambda p: p + 0.05 * jax.random.normal(jax.random.key(3), p.shape), variables)
+  bf16 = models.create_model("ViT-Ti_16", dtype=jnp.bfloat16, **kw)
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(
+      bf16.init(jax.random.key(0), images)))
+  out32, out16 = f32.apply(variables, images), bf16.apply(variables, images)
+  assert out16.dtype == jnp.float32
+  np.testing.assert_allclose(out16, out32, atol=3e-2, rtol=3e-2)
+
+
+def test_remat_gives_identical_outputs_and_gradients():
+  kw = dict(num_classes=5, patch_size=8, dropout=0.1, **TINY)
+  images = jax.random.normal(jax.random.key(1), (2, 32, 32, 3))
+  plain, remat = (models.create_model("ViT-Ti_16", remat=r, **kw) for r in (False, True))
+  params = plain.init(jax.random.key(0), images)["params"]
+  params = jax.tree.map(lambda p: p + 0.05 * jax.random.normal(jax.random.key(3), p.shape), params)
+
+  def loss(model, p):
+    out = model.apply({"params": p}, images, train=True, rngs={"dropout": jax.random.key(4)})
+    return jnp.sum(out**2)
+
+  (l1, g1), (l2, g2) = (jax.value_and_grad(loss, argnums=1)(m, params) for m in (plain, remat))
+  np.testing.assert_allclose(l1, l2, rtol=1e-6)
+  # Recomputation may fuse differently: equal up to float32 rounding.
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), g1, g2)
+
+
+def test_dropout_is_active_only_in_training():
+  model = models.create_model("ViT-Ti_16", num_classes=5, patch_size=8, dropout=0.5,
+                              attention_dropout=0.5, **TINY)
+  images = jax.random.normal(jax.random.key(1), (2, 32, 32, 3))
+  variables = model.init(jax.random.key(0), images)
+  variables = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(2), p.shape), variables)
+  np.testing.assert_array_equal(model.apply(variables, images), model.apply(variables, images))
+  a, b = (model.apply(variables, images, train=True, rngs={"dropout": jax.random.key(k)})
+          for k in (0, 1))
+  assert not np.allclose(a, b)
+
+
+def test_unknown_model_lists_known_names():
+  with pytest.raises(ValueError, match="Known models: .*ViT-B_16.*R50\\+ViT-B_16"):
+    models.create_model("ViT-Q_16")
+
+
+def test_unknown_option_is_named():
+  with pytest.raises(ValueError, match="hiden_size"):
+    models.create_model("ViT-B_16", hiden_size=3)
+
+
+@pytest.mark.parametrize("shape,message", [
+    ((32, 32, 3), "Expected images of shape \\(batch, height, width, 3\\)"),
+    ((1, 32, 32, 1), "Expected images of shape \\(batch, height, width, 3\\)"),
+    ((1, 36, 32, 3), "36x32 is not divisible by the model's patch stride 8"),
+])
+def test_bad_images_are_explained(shape, message):
+  model = models.create_model("ViT-Ti_16", num_classes=5, patch_size=8, **TINY)
+  with pytest.raises(ValueError, match=message):
+    model.init(jax.random.key(0), jnp.zeros(shape))
+
+
+def test_bad_classifier_is_explained():
+  model = models.create_model("ViT-Ti_16", classifier="cls", patch_size=8, **TINY)
+  with pytest.raises(ValueError, match="classifier='cls', expected one of"):
+    model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))

@@ -1,0 +1,58 @@
+"""Named model configurations, with the official model zoo's names."""
+from typing import Any
+
+from vit_jax.models.vit import VisionTransformer
+
+
+def _vit(patch: int, width: int, mlp: int, heads: int, layers: int, **kw) -> dict[str, Any]:
+  return dict(patch_size=patch, hidden_size=width, mlp_dim=mlp, num_heads=heads,
+              num_layers=layers, **kw)
+
+
+_TI = (192, 768, 3, 12)
+_S = (384, 1536, 6, 12)
+_B = (768, 3072, 12, 12)
+_L = (1024, 4096, 16, 24)
+_H = (1280, 5120, 16, 32)
+_G = (1408, 6144, 16, 40)  # big_vision's ViT-g.
+
+MODEL_CONFIGS: dict[str, dict[str, Any]] = {
+    "ViT-Ti_16": _vit(16, *_TI),
+    "ViT-S_16": _vit(16, *_S),
+    "ViT-S_32": _vit(32, *_S),
+    "ViT-B_8": _vit(8, *_B),
+    "ViT-B_16": _vit(16, *_B),
+    "ViT-B_32": _vit(32, *_B),
+    "ViT-L_16": _vit(16, *_L),
+    "ViT-L_32": _vit(32, *_L),
+    "ViT-H_14": _vit(14, *_H),
+    "ViT-g_14": _vit(14, *_G),
+    # Hybrids: the ResNet-v2 stem downsamples by 4 * 2**(stages - 1), patches do the rest.
+    "R+ViT-Ti_16": _vit(8, *_TI, resnet_layers=()),
+    "R50+ViT-B_16": _vit(1, *_B, resnet_layers=(3, 4, 9)),
+    "R26+ViT-B_32": _vit(1, *_B, resnet_layers=(2, 2, 2, 2)),
+    "R26+ViT-S_32": _vit(1, *_S, resnet_layers=(2, 2, 2, 2)),
+    "R50+ViT-L_32": _vit(1, *_L, resnet_layers=(3, 4, 6, 3)),
+}
+for _name in ("ViT-S_16", "ViT-B_16", "ViT-S_32", "ViT-B_32"):
+  MODEL_CONFIGS[f"{_name}-gap-norep"] = dict(MODEL_CONFIGS[_name], classifier="gap")
+
+_FIELDS = tuple(f for f in VisionTransformer.__dataclass_fields__
+                if f not in ("parent", "name", "name_in_registry"))
+
+
+def model_config(name: str, **overrides: Any) -> dict[str, Any]:
+  """The constructor arguments of a named model, with overrides applied."""
+  if name not in MODEL_CONFIGS:
+    raise ValueError(f"Unknown model {name!r}. Known models: {', '.join(MODEL_CONFIGS)}.")
+  unknown = sorted(set(overrides) - set(_FIELDS))
+  if unknown:
+    raise ValueError(f"Unknown model option(s) {unknown} for {name}. "
+                     f"Valid options: {', '.join(_FIELDS)}.")
+  return {**MODEL_CONFIGS[name], **overrides}
+
+
+def create_model(name: str, num_classes: int | None = 1000, **overrides: Any) -> VisionTransformer:
+  """Builds a named model, e.g. `create_model("ViT-B_16", num_classes=10, dtype=jnp.bfloat16)`."""
+  return VisionTransformer(num_classes=num_classes, name_in_registry=name,
+                           **model_config(name, **overrides))

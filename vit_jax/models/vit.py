@@ -1,0 +1,284 @@
+"""Vision Transformer (Dosovitskiy et al., 2021) and its hybrid ResNet+ViT form.
+
+Parameter names follow the released checkpoints (gs://vit_models), so an .npz
+from there maps onto `model.init(...)["params"]` key for key.
+"""
+import functools
+from typing import Any, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vit_jax.models import resnet
+
+CLASSIFIERS = ("token", "gap", "map")
+POSEMBS = ("learn", "sincos2d")
+
+
+def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.) -> np.ndarray:
+  """Fixed 2-D sin-cos position embedding, (1, h*w, width), as in big_vision."""
+  if width % 4:
+    raise ValueError(f"sincos2d position embedding needs hidden_size % 4 == 0, got {width}.")
+  y, x = np.mgrid[:h, :w]
+  omega = np.arange(width // 4) / (width // 4 - 1)
+  omega = 1. / (temperature**omega)
+  y = np.einsum("m,d->md", y.flatten(), omega)
+  x = np.einsum("m,d->md", x.flatten(), omega)
+  pe = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
+  return pe[None].astype(np.float32)
+
+
+class MlpBlock(nn.Module):
+  """Dense-GELU-Dense."""
+
+  mlp_dim: int
+  dropout: float = 0.0
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray, deterministic: bool = True) -> jnp.ndarray:
+    dense = functools.partial(
+        nn.Dense, dtype=self.dtype, kernel_init=nn.initializers.xavier_uniform(),
+        bias_init=nn.initializers.normal(stddev=1e-6))
+    out_dim = x.shape[-1]
+    x = nn.gelu(dense(self.mlp_dim, name="Dense_0")(x))
+    x = nn.Dropout(self.dropout)(x, deterministic)
+    x = dense(out_dim, name="Dense_1")(x)
+    return nn.Dropout(self.dropout)(x, deterministic)
+
+
+class MultiHeadDotProductAttention(nn.Module):
+  """Multi-head attention with the parameter layout of `flax.linen`'s.
+
+  Runs the fused `jax.nn.dot_product_attention` (cuDNN flash attention on GPU)
+  unless the attention weights are needed: returned to the caller, or dropped out.
+  """
+
+  num_heads: int
+  dropout: float = 0.0
+  dtype: Any = jnp.float32
+  implementation: Optional[str] = None
+
+  @nn.compact
+  def __call__(self, inputs_q: jnp.ndarray, inputs_kv: jnp.ndarray, *,
+               deterministic: bool = True, return_weights: bool = False):
+    features = inputs_q.shape[-1]
+    if features % self.num_heads:
+      raise ValueError(f"hidden_size {features} is not divisible by num_heads {self.num_heads}.")
+    head_dim = features // self.num_heads
+    dense = functools.partial(
+        nn.DenseGeneral, features=(self.num_heads, head_dim), dtype=self.dtype,
+        kernel_init=nn.initializers.xavier_uniform())
+    q = dense(name="query")(inputs_q)
+    k = dense(name="key")(inputs_kv)
+    v = dense(name="value")(inputs_kv)
+
+    weights = None
+    if return_weights or (self.dropout > 0 and not deterministic):
+      logits = jnp.einsum("...qhd,...khd->...hqk", q, k) / np.sqrt(head_dim).astype(q.dtype)
+      weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+      dropped = nn.Dropout(self.dropout)(weights, deterministic).astype(v.dtype)
+      out = jnp.einsum("...hqk,...khd->...qhd", dropped, v)
+    else:
+      out = jax.nn.dot_product_attention(q, k, v, implementation=self.implementation)
+
+    out = nn.DenseGeneral(
+        features, axis=(-2, -1), dtype=self.dtype,
+        kernel_init=nn.initializers.xavier_uniform(), name="out")(out)
+    return out, weights
+
+
+class Encoder1DBlock(nn.Module):
+  """Pre-LN block: z' = MSA(LN(z)) + z; z = MLP(LN(z')) + z'."""
+
+  mlp_dim: int
+  num_heads: int
+  dropout: float = 0.0
+  attention_dropout: float = 0.0
+  dtype: Any = jnp.float32
+  attention_impl: Optional[str] = None
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray, deterministic: bool = True,
+               return_weights: bool = False):
+    y = nn.LayerNorm(dtype=self.dtype, name="LayerNorm_0")(x)
+    y, weights = MultiHeadDotProductAttention(
+        self.num_heads, self.attention_dropout, self.dtype, self.attention_impl,
+        name="MultiHeadDotProductAttention_1")(
+            y, y, deterministic=deterministic, return_weights=return_weights)
+    x = x + nn.Dropout(self.dropout)(y, deterministic)
+    y = nn.LayerNorm(dtype=self.dtype, name="LayerNorm_2")(x)
+    y = MlpBlock(self.mlp_dim, self.dropout, self.dtype, name="MlpBlock_3")(y, deterministic)
+    return x + y, weights
+
+
+class AddPositionEmbs(nn.Module):
+  """Adds a learned position embedding, one per token (class token included)."""
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+    pos_embedding = self.param(
+        "pos_embedding", nn.initializers.normal(stddev=0.02), (1,) + x.shape[1:])
+    return x + pos_embedding
+
+
+class Encoder(nn.Module):
+  """Learned position embedding (if any), the blocks, and the final LayerNorm."""
+
+  num_layers: int
+  mlp_dim: int
+  num_heads: int
+  dropout: float = 0.0
+  attention_dropout: float = 0.0
+  learned_posemb: bool = True
+  remat: bool = False
+  dtype: Any = jnp.float32
+  attention_impl: Optional[str] = None
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray, deterministic: bool = True,
+               return_weights: bool = False):
+    if self.learned_posemb:
+      x = AddPositionEmbs(name="posembed_input")(x)
+    x = nn.Dropout(self.dropout)(x, deterministic)
+    block = Encoder1DBlock
+    if self.remat:
+      block = nn.remat(Encoder1DBlock, static_argnums=(2, 3))
+    all_weights = []
+    for i in range(self.num_layers):
+      x, weights = block(
+          self.mlp_dim, self.num_heads, self.dropout, self.attention_dropout,
+          self.dtype, self.attention_impl, name=f"encoderblock_{i}")(
+              x, deterministic, return_weights)
+      all_weights.append(weights)
+    x = nn.LayerNorm(dtype=self.dtype, name="encoder_norm")(x)
+    return x, (tuple(all_weights) if return_weights else None)
+
+
+class MAPHead(nn.Module):
+  """Multihead attention pooling with a learned probe (big_vision's `MAPHead`)."""
+
+  mlp_dim: int
+  num_heads: int
+  dtype: Any = jnp.float32
+  attention_impl: Optional[str] = None
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+    probe = self.param("probe", nn.initializers.xavier_uniform(), (1, 1, x.shape[-1]))
+    probe = jnp.tile(probe, [x.shape[0], 1, 1])
+    x, _ = MultiHeadDotProductAttention(
+        self.num_heads, dtype=self.dtype, implementation=self.attention_impl,
+        name="MultiHeadDotProductAttention_0")(probe, x)
+    y = nn.LayerNorm(dtype=self.dtype, name="LayerNorm_0")(x)
+    x = x + MlpBlock(self.mlp_dim, dtype=self.dtype, name="MlpBlock_0")(y)
+    return x[:, 0]
+
+
+class VisionTransformer(nn.Module):
+  """ViT, or ResNet-v2 stem + ViT when `resnet_layers` is not None.
+
+  `__call__` returns the logits; with `return_aux=True` it returns
+  `(logits, aux)` where aux holds what evaluators need from the same forward
+  pass: `pre_logits` (the representation the head sees), `encoded` (all tokens
+  after the final LayerNorm) and, with `return_attention=True`, `attention`:
+  one (batch, heads, tokens, tokens) array per layer.
+  """
+
+  num_classes: Optional[int]
+  patch_size: int
+  hidden_size: int
+  mlp_dim: int
+  num_heads: int
+  num_layers: int
+  representation_size: Optional[int] = None
+  classifier: str = "token"
+  posemb: str = "learn"
+  resnet_layers: Optional[Sequence[int]] = None
+  resnet_width_factor: float = 1.0
+  dropout: float = 0.0
+  attention_dropout: float = 0.0
+  head_bias_init: float = 0.0
+  remat: bool = False
+  dtype: Any = jnp.float32
+  attention_impl: Optional[str] = None
+  name_in_registry: Optional[str] = None
+
+  @property
+  def stride(self) -> int:
+    """Input pixels per token along each side."""
+    if self.resnet_layers is None:
+      return self.patch_size
+    return 4 * 2**max(len(self.resnet_layers) - 1, 0) * self.patch_size
+
+  def _check_inputs(self, images: jnp.ndarray) -> None:
+    if images.ndim != 4 or images.shape[-1] != 3:
+      raise ValueError(
+          f"Expected images of shape (batch, height, width, 3) (NHWC, RGB), got "
+          f"{images.shape}. Grayscale inputs must be converted to 3 channels.")
+    h, w = images.shape[1:3]
+    if h % self.stride or w % self.stride:
+      raise ValueError(
+          f"Image size {h}x{w} is not divisible by the model's patch stride "
+          f"{self.stride} ({self.name_in_registry or 'model'}): use a size that is a "
+          f"multiple of {self.stride}, e.g. {max(h // self.stride, 1) * self.stride}.")
+
+  @nn.compact
+  def __call__(self, images: jnp.ndarray, *, train: bool = False,
+               return_aux: bool = False, return_attention: bool = False):
+    if self.classifier not in CLASSIFIERS:
+      raise ValueError(f"classifier={self.classifier!r}, expected one of {CLASSIFIERS}.")
+    if self.posemb not in POSEMBS:
+      raise ValueError(f"posemb={self.posemb!r}, expected one of {POSEMBS}.")
+    self._check_inputs(images)
+    x = images.astype(self.dtype)
+    if self.resnet_layers is not None:
+      x = resnet.resnet_stem(x, self.resnet_layers, self.resnet_width_factor, self.dtype)
+
+    x = nn.Conv(self.hidden_size, (self.patch_size, self.patch_size),
+                strides=(self.patch_size, self.patch_size), padding="VALID",
+                dtype=self.dtype, name="embedding")(x)
+    n, h, w, c = x.shape
+    x = jnp.reshape(x, (n, h * w, c))
+    if self.posemb == "sincos2d":
+      # Fixed embedding of the patches only; the class token, if any, gets none.
+      x = x + posemb_sincos_2d(h, w, c)
+    # The residual stream stays float32; only the matmul inputs are cast to dtype.
+    x = x.astype(jnp.float32)
+    if self.classifier == "token":
+      cls = self.param("cls", nn.initializers.zeros, (1, 1, c))
+      x = jnp.concatenate([jnp.tile(cls, [n, 1, 1]), x], axis=1)
+
+    encoded, attention = Encoder(
+        self.num_layers, self.mlp_dim, self.num_heads, self.dropout,
+        self.attention_dropout, learned_posemb=self.posemb == "learn",
+        remat=self.remat, dtype=self.dtype, attention_impl=self.attention_impl,
+        name="Transformer")(x, not train, return_attention)
+
+    if self.classifier == "token":
+      x = encoded[:, 0]
+    elif self.classifier == "gap":
+      x = jnp.mean(encoded, axis=1)
+    else:
+      x = MAPHead(self.mlp_dim, self.num_heads, self.dtype, self.attention_impl,
+                  name="MAPHead_0")(encoded)
+
+    if self.representation_size is not None:
+      x = nn.tanh(nn.Dense(self.representation_size, dtype=self.dtype, name="pre_logits")(x))
+    pre_logits = x.astype(jnp.float32)
+
+    logits = pre_logits
+    if self.num_classes:
+      logits = nn.Dense(
+          self.num_classes, dtype=self.dtype, kernel_init=nn.initializers.zeros,
+          bias_init=nn.initializers.constant(self.head_bias_init), name="head")(x)
+      logits = logits.astype(jnp.float32)
+
+    if not (return_aux or return_attention):
+      return logits
+    aux = {"pre_logits": pre_logits, "encoded": encoded.astype(jnp.float32)}
+    if return_attention:
+      aux["attention"] = attention
+    return logits, aux
