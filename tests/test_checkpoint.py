@@ -1,0 +1,266 @@
+"""Checkpoint interchange: layouts, fitting to a model, round trips, timm equivalence."""
+import io
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.ndimage
+
+from vit_jax import checkpoint, models
+
+import timm_reference
+
+TINY = dict(hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2, patch_size=8)
+HYBRID_TINY = dict(hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2, resnet_layers=(1, 1, 1, 1))
+
+
+def random_params(model, size: int, seed: int = 0):
+  """Init, then perturb every array so that no parameter (head included) is trivial."""
+  params = jax.jit(model.init)(jax.random.key(seed), jnp.zeros((1, size, size, 3)))["params"]
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+  leaves = [np.array(p + 0.02 * jax.random.normal(k, p.shape)) for p, k in zip(leaves, keys)]
+  return jax.tree.unflatten(treedef, leaves)
+
+
+def assert_trees_equal(a, b):
+  fa, fb = checkpoint.flatten(a), checkpoint.flatten(b)
+  assert set(fa) == set(fb)
+  for k in fa:
+    np.testing.assert_array_equal(np.asarray(fa[k]), np.asarray(fb[k]), err_msg=k)
+
+
+def new_flax_layout(flat):
+  names = {"MultiHeadDotProductAttention_1": "MultiHeadDotProductAttention_0",
+           "LayerNorm_2": "LayerNorm_1", "MlpBlock_3": "MlpBlock_0"}
+  return {re.sub(r"(encoderblock_\d+/)(\w+)", lambda m: m.group(1) + names.get(m.group(2), m.group(2)), k): v
+          for k, v in flat.items()}
+
+
+def big_vision_layout(flat, scanned: bool):
+  flat = new_flax_layout(flat)
+  flat["pos_embedding"] = flat.pop(checkpoint.POSEMB_KEY)[:, 1:]
+  if scanned:
+    blocks = sorted({k.split("/")[1] for k in flat if k.startswith("Transformer/encoderblock_")},
+                    key=lambda b: int(b.split("_")[1]))
+    for rest in {k.split("/", 2)[2] for k in flat if k.startswith("Transformer/encoderblock_0/")}:
+      flat[f"Transformer/encoderblock/{rest}"] = np.stack(
+          [flat.pop(f"Transformer/{b}/{rest}") for b in blocks])
+  return {f"params/{k}": v for k, v in flat.items()}
+
+
+def write_npz(path, flat):
+  np.savez(path, **flat)
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def hybrid():
+  model = models.create_model("R26+ViT-S_32", num_classes=7, representation_size=16, **HYBRID_TINY)
+  return model, random_params(model, 64)
+
+
+def test_round_trip_is_exact(tmp_path, hybrid):
+  _, params = hybrid
+  checkpoint.save_npz(tmp_path / "a.npz", params)
+  assert_trees_equal(checkpoint.load_npz(tmp_path / "a.npz"), params)
+  assert_trees_equal(checkpoint.load_npz(tmp_path / "a.npz", target=params), params)
+  with np.load(tmp_path / "a.npz", allow_pickle=False) as f:
+    assert "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel" in f.files
+    assert f["Transformer/posembed_input/pos_embedding"].shape == (1, 1 + 4, 32)
+
+
+@pytest.mark.parametrize("layout", ["new_flax", "big_vision", "big_vision_scanned", "opt_target"])
+def test_every_layout_loads_to_the_same_params(tmp_path, hybrid, layout):
+  model, params = hybrid
+  flat = checkpoint.flatten(params)
+  converted = {
+      "new_flax": lambda: new_flax_layout(flat),
+      "big_vision": lambda: big_vision_layout(flat, scanned=False),
+      "big_vision_scanned": lambda: big_vision_layout(flat, scanned=True),
+      "opt_target": lambda: {f"opt/target/{k}": v for k, v in flat.items()},
+  }[layout]()
+  assert set(converted) != set(flat)
+  path = write_npz(tmp_path / "c.npz", converted)
+  loaded = checkpoint.load_npz(path, target=params)
+  if layout.startswith("big_vision"):
+    # big_vision gives the class token no position embedding: the class entry loads as zero.
+    expected = dict(flat)
+    expected[checkpoint.POSEMB_KEY] = np.concatenate(
+        [np.zeros((1, 1, 32), np.float32), flat[checkpoint.POSEMB_KEY][:, 1:]], axis=1)
+    assert_trees_equal(loaded, checkpoint.unflatten(expected))
+  else:
+    assert_trees_equal(loaded, params)
+
+
+def test_big_vision_posemb_is_numerically_equivalent(tmp_path):
+  """A big_vision model (class token without position embedding) is reproduced exactly."""
+  model = models.create_model("ViT-Ti_16", num_classes=3, **TINY)
+  params = random_params(model, 32)
+  flat = checkpoint.flatten(params)
+  flat[checkpoint.POSEMB_KEY][:, :1] = 0.0
+  path = write_npz(tmp_path / "bv.npz", big_vision_layout(flat, scanned=True))
+  loaded = checkpoint.load_npz(path, target=params)
+  images = jax.random.normal(jax.random.key(0), (2, 32, 32, 3))
+  np.testing.assert_array_equal(model.apply({"params": loaded}, images),
+                                model.apply({"params": checkpoint.unflatten(flat)}, images))
+
+
+def test_posemb_resize_matches_official_convention():
+  rng = np.random.RandomState(0)
+  posemb = rng.normal(size=(1, 1 + 14 * 14, 8)).astype(np.float32)
+  out = checkpoint.resize_posemb(posemb, 1 + 24 * 24, has_class_token=True,
+                                 target_has_class_token=True)
+  grid = scipy.ndimage.zoom(posemb[0, 1:].reshape(14, 14, 8), (24 / 14, 24 / 14, 1), order=1)
+  np.testing.assert_array_equal(out[:, 0], posemb[:, 0])
+  np.testing.assert_allclose(out[0, 1:], grid.reshape(576, 8), rtol=1e-6)
+  # Corners of a bilinear zoom land on the corners of the old grid.
+  np.testing.assert_allclose(out[0, 1], posemb[0, 1], rtol=1e-6)
+  np.testing.assert_allclose(out[0, -1], posemb[0, -1], rtol=1e-6)
+  # token -> gap drops the class entry.
+  gap = checkpoint.resize_posemb(posemb, 24 * 24, has_class_token=True,
+                                 target_has_class_token=False)
+  np.testing.assert_array_equal(gap, out[:, 1:])
+
+
+def test_finetune_fit_resizes_posemb_resets_head_drops_prelogits(tmp_path, hybrid):
+  _, params = hybrid
+  path = tmp_path / "p.npz"
+  checkpoint.save_npz(path, params)
+  target_model = models.create_model("R26+ViT-S_32", num_classes=3, head_bias_init=-10.0, **HYBRID_TINY)
+  target = target_model.init(jax.random.key(3), jnp.zeros((1, 96, 96, 3)))["params"]
+  loaded = checkpoint.load_npz(path, target=target)
+  assert "pre_logits" not in loaded
+  np.testing.assert_array_equal(loaded["head"]["kernel"], np.zeros((32, 3)))
+  np.testing.assert_array_equal(loaded["head"]["bias"], np.full((3,), -10.0))
+  posemb = loaded["Transformer"]["posembed_input"]["pos_embedding"]
+  assert posemb.shape == (1, 1 + 9, 32)
+  old = params["Transformer"]["posembed_input"]["pos_embedding"]
+  np.testing.assert_array_equal(posemb[:, 0], old[:, 0])
+  np.testing.assert_array_equal(loaded["block1"]["unit1"]["conv1"]["kernel"],
+                                params["block1"]["unit1"]["conv1"]["kernel"])
+  logits = target_model.apply({"params": loaded}, jnp.ones((2, 96, 96, 3)))
+  np.testing.assert_array_equal(logits, -10.0)
+
+
+def test_abstract_target_is_enough(tmp_path, hybrid):
+  model, params = hybrid
+  checkpoint.save_npz(tmp_path / "p.npz", params)
+  shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 64, 64, 3)))["params"]
+  assert_trees_equal(checkpoint.load_npz(tmp_path / "p.npz", target=shapes), params)
+
+
+def test_mismatch_names_key_shapes_and_fix(tmp_path, hybrid):
+  _, params = hybrid
+  checkpoint.save_npz(tmp_path / "p.npz", params)
+  wrong = models.create_model("R26+ViT-S_32", num_classes=7, representation_size=16,
+                              **{**HYBRID_TINY, "mlp_dim": 48})
+  target = jax.eval_shape(wrong.init, jax.random.key(0), jnp.zeros((1, 64, 64, 3)))["params"]
+  with pytest.raises(checkpoint.CheckpointError) as e:
+    checkpoint.load_npz(tmp_path / "p.npz", target=target)
+  msg = str(e.value)
+  assert "Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel: checkpoint has (32, 64), " \
+         "model wants (32, 48); check the model name" in msg
+  plain = models.create_model("ViT-S_32", num_classes=7, representation_size=16, **HYBRID_TINY)
+  target = jax.eval_shape(plain.init, jax.random.key(0), jnp.zeros((1, 64, 64, 3)))["params"]
+  with pytest.raises(checkpoint.CheckpointError, match="conv_root/kernel: in the checkpoint"):
+    checkpoint.load_npz(tmp_path / "p.npz", target=target)
+
+
+def test_missing_prelogits_names_the_fix(tmp_path):
+  model = models.create_model("ViT-Ti_16", num_classes=3, **TINY)
+  params = random_params(model, 32)
+  checkpoint.save_npz(tmp_path / "p.npz", params)
+  rep = models.create_model("ViT-Ti_16", num_classes=3, representation_size=8, **TINY)
+  target = jax.eval_shape(rep.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))["params"]
+  with pytest.raises(checkpoint.CheckpointError, match="pre_logits/kernel: missing .*representation_size=None"):
+    checkpoint.load_npz(tmp_path / "p.npz", target=target)
+
+
+def test_refuses_non_npz_and_pickles(tmp_path):
+  (tmp_path / "x.npz").write_bytes(b"not a zip")
+  with pytest.raises(checkpoint.CheckpointError, match="not an .npz file"):
+    checkpoint.load_npz(tmp_path / "x.npz")
+  np.savez(tmp_path / "p.npz", a=np.array([{"x": 1}], dtype=object))
+  with pytest.raises(checkpoint.CheckpointError, match="pickled objects"):
+    checkpoint.load_npz(tmp_path / "p.npz")
+  with pytest.raises(checkpoint.CheckpointError, match="is a directory"):
+    checkpoint.load_npz(tmp_path)
+
+
+def _timm_state_to_npz(model, sd) -> dict:
+  """timm state_dict -> original-layout npz keys (the inverse of timm's `_load_weights`)."""
+  t = lambda x: x.detach().numpy()
+  d = model.embed_dim
+  h = model.blocks[0].attn.num_heads
+  out = {}
+  emb = model.patch_embed
+  if hasattr(emb, "backbone"):
+    bb = emb.backbone
+    out["conv_root/kernel"] = t(bb.stem.conv.weight).transpose(2, 3, 1, 0)
+    out["gn_root/scale"], out["gn_root/bias"] = t(bb.stem.norm.weight), t(bb.stem.norm.bias)
+    for i, stage in enumerate(bb.stages):
+      for j, block in enumerate(stage.blocks):
+        p = f"block{i + 1}/unit{j + 1}/"
+        for r in range(1, 4):
+          out[p + f"conv{r}/kernel"] = t(getattr(block, f"conv{r}").weight).transpose(2, 3, 1, 0)
+          out[p + f"gn{r}/scale"] = t(getattr(block, f"norm{r}").weight)
+          out[p + f"gn{r}/bias"] = t(getattr(block, f"norm{r}").bias)
+        if block.downsample is not None:
+          out[p + "conv_proj/kernel"] = t(block.downsample.conv.weight).transpose(2, 3, 1, 0)
+          out[p + "gn_proj/scale"] = t(block.downsample.norm.weight)
+          out[p + "gn_proj/bias"] = t(block.downsample.norm.bias)
+  out["embedding/kernel"] = t(emb.proj.weight).transpose(2, 3, 1, 0)
+  out["embedding/bias"] = t(emb.proj.bias)
+  out["cls"] = t(model.cls_token)
+  out[checkpoint.POSEMB_KEY] = t(model.pos_embed)
+  for i, block in enumerate(model.blocks):
+    p = f"Transformer/encoderblock_{i}/"
+    out[p + "LayerNorm_0/scale"], out[p + "LayerNorm_0/bias"] = t(block.norm1.weight), t(block.norm1.bias)
+    out[p + "LayerNorm_2/scale"], out[p + "LayerNorm_2/bias"] = t(block.norm2.weight), t(block.norm2.bias)
+    qkv_w, qkv_b = t(block.attn.qkv.weight), t(block.attn.qkv.bias)
+    for n, name in enumerate(("query", "key", "value")):
+      out[p + f"MultiHeadDotProductAttention_1/{name}/kernel"] = qkv_w[n * d:(n + 1) * d].T.reshape(d, h, d // h)
+      out[p + f"MultiHeadDotProductAttention_1/{name}/bias"] = qkv_b[n * d:(n + 1) * d].reshape(h, d // h)
+    out[p + "MultiHeadDotProductAttention_1/out/kernel"] = t(block.attn.proj.weight).T.reshape(h, d // h, d)
+    out[p + "MultiHeadDotProductAttention_1/out/bias"] = t(block.attn.proj.bias)
+    for r in range(2):
+      fc = getattr(block.mlp, f"fc{r + 1}")
+      out[p + f"MlpBlock_3/Dense_{r}/kernel"], out[p + f"MlpBlock_3/Dense_{r}/bias"] = t(fc.weight).T, t(fc.bias)
+  out["Transformer/encoder_norm/scale"] = t(model.norm.weight)
+  out["Transformer/encoder_norm/bias"] = t(model.norm.bias)
+  out["head/kernel"], out["head/bias"] = t(model.head.weight).T, t(model.head.bias)
+  return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ViT-B_16", "R50+ViT-B_16"])
+def test_logits_match_timm_both_directions(tmp_path, name):
+  """Full-size models, random weights: our .npz -> timm's loader, and timm -> ours."""
+  if timm_reference.timm is None:
+    pytest.skip("timm is not installed (pip install -e '.[test]')")
+  from timm.models.vision_transformer import _load_weights
+  timm_reference.torch.set_num_threads(2)
+  model = models.create_model(name, num_classes=10)
+  params = random_params(model, 224)
+  images = np.random.RandomState(0).uniform(-1, 1, (2, 224, 224, 3)).astype(np.float32)
+  ours = np.asarray(jax.jit(model.apply)({"params": params}, images))
+  assert np.abs(ours).max() > 0.1  # non-trivial logits
+
+  checkpoint.save_npz(tmp_path / "ours.npz", params)
+  reference = timm_reference.create(name, num_classes=10)
+  _load_weights(reference, str(tmp_path / "ours.npz"))
+  np.testing.assert_allclose(timm_reference.logits(reference, images), ours, rtol=0, atol=1e-4)
+
+  # Reverse: timm's own random weights, exported, loaded here.
+  reference = timm_reference.create(name, num_classes=10)
+  with timm_reference.torch.no_grad():
+    for p in reference.parameters():
+      p.add_(0.02 * timm_reference.torch.randn_like(p))
+  flat = _timm_state_to_npz(reference, reference.state_dict())
+  path = write_npz(tmp_path / "timm.npz", flat)
+  loaded = checkpoint.load_npz(path, target=params)
+  np.testing.assert_allclose(np.asarray(jax.jit(model.apply)({"params": loaded}, images)),
+                             timm_reference.logits(reference, images), rtol=0, atol=1e-4)

@@ -1,0 +1,208 @@
+"""Released-checkpoint (.npz) interchange: read any of the published layouts,
+fit them to a model (position-embedding resize, head reset), write the original.
+
+Layouts read:
+  * original (gs://vit_models): `Transformer/encoderblock_{i}/MultiHeadDotProductAttention_1/...`,
+    position embedding `Transformer/posembed_input/pos_embedding` with the class entry;
+    some older files carry an `opt/target/` prefix.
+  * newer Flax names: block children `LayerNorm_0, MultiHeadDotProductAttention_0, LayerNorm_1,
+    MlpBlock_0`.
+  * big_vision: `params/` prefix, newer names (or a scanned `Transformer/encoderblock/` with a
+    leading layer axis), top-level `pos_embedding` without the class entry.
+Everything is converted to the original layout, which is also what `save_npz` writes.
+"""
+import io
+import logging
+import re
+from typing import Any, Mapping, Optional
+
+import jax
+import numpy as np
+import scipy.ndimage
+from etils import epath
+from flax import traverse_util
+
+Params = Mapping[str, Any]
+
+POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
+_NEW_TO_OLD_BLOCK_NAMES = {
+    "LayerNorm_0": "LayerNorm_0",
+    "MultiHeadDotProductAttention_0": "MultiHeadDotProductAttention_1",
+    "LayerNorm_1": "LayerNorm_2",
+    "MlpBlock_0": "MlpBlock_3",
+}
+
+
+class CheckpointError(ValueError):
+  """A checkpoint that cannot be read, or does not fit the model."""
+
+
+def flatten(params: Params) -> dict[str, Any]:
+  return traverse_util.flatten_dict(dict(params), sep="/")
+
+
+def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
+  return traverse_util.unflatten_dict(dict(flat), sep="/")
+
+
+def read_npz(path: str) -> dict[str, np.ndarray]:
+  """Reads an .npz file (local or any epath-supported URL) as a flat dict, without pickle."""
+  path = epath.Path(path)
+  if path.is_dir():
+    raise CheckpointError(
+        f"{path} is a directory, not an .npz file. For this project's orbax checkpoints "
+        "pass the step directory to `vit_jax.train.checkpoints` instead.")
+  data = path.read_bytes()
+  if not data.startswith(b"PK"):
+    raise CheckpointError(f"{path} is not an .npz file (no zip header). Released ViT "
+                          "checkpoints are .npz files with '/'-joined keys.")
+  try:
+    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+      return {k: npz[k] for k in npz.files}
+  except ValueError as e:
+    raise CheckpointError(f"{path} holds pickled objects, which are refused for safety "
+                          f"(np.load(allow_pickle=False)): {e}") from e
+
+
+def _rename_new_flax_block(key: str) -> str:
+  m = re.match(r"(Transformer/encoderblock_\d+/)([^/]+)(/.*)", key)
+  if not m:
+    return key
+  return m.group(1) + _NEW_TO_OLD_BLOCK_NAMES.get(m.group(2), m.group(2)) + m.group(3)
+
+
+def to_original_layout(flat: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """Converts any supported layout to the original release layout."""
+  flat = dict(flat)
+  for prefix in ("opt/target/", "params/"):
+    if flat and all(k.startswith(prefix) for k in flat):
+      flat = {k[len(prefix):]: v for k, v in flat.items()}
+
+  # big_vision's scanned encoder: one stacked `encoderblock` with a leading layer axis.
+  scanned = {k: v for k, v in flat.items() if k.startswith("Transformer/encoderblock/")}
+  if scanned:
+    for k, v in scanned.items():
+      del flat[k]
+      rest = k[len("Transformer/encoderblock/"):]
+      for i, layer in enumerate(v):
+        flat[f"Transformer/encoderblock_{i}/{rest}"] = layer
+
+  if any("/MultiHeadDotProductAttention_0/" in k for k in flat if k.startswith("Transformer/")):
+    flat = {_rename_new_flax_block(k): v for k, v in flat.items()}
+
+  if "pos_embedding" in flat:  # big_vision: patches only; the class token gets none.
+    posemb = flat.pop("pos_embedding")
+    if "cls" in flat:
+      posemb = np.concatenate([np.zeros_like(posemb[:, :1]), posemb], axis=1)
+    flat[POSEMB_KEY] = posemb
+  return flat
+
+
+def load_npz_flat(path: str) -> dict[str, np.ndarray]:
+  """Reads a released .npz in any layout, as flat keys of the original layout."""
+  return to_original_layout(read_npz(path))
+
+
+def resize_posemb(posemb: np.ndarray, num_tokens: int, *, has_class_token: bool,
+                  target_has_class_token: bool) -> np.ndarray:
+  """Resizes a (1, tokens, D) position embedding to `num_tokens` tokens.
+
+  The patch grid is zoomed bilinearly in 2-D (scipy.ndimage.zoom, order=1, as the
+  official code does); the class entry is kept, dropped or added (as zeros) to
+  match the target. Both grids must be square.
+  """
+  tok, grid = (posemb[:, :1], posemb[0, 1:]) if has_class_token else (posemb[:, :0], posemb[0])
+  if target_has_class_token and not has_class_token:
+    tok = np.zeros_like(posemb[:, :1])
+  elif not target_has_class_token:
+    tok = posemb[:, :0]
+  num_grid_new = num_tokens - tok.shape[1]
+  gs_old, gs_new = int(np.sqrt(len(grid))), int(np.sqrt(num_grid_new))
+  if gs_old**2 != len(grid) or gs_new**2 != num_grid_new:
+    raise CheckpointError(
+        f"Cannot resize a position embedding of {len(grid)} patches to {num_grid_new}: "
+        "only square grids are resized automatically.")
+  if gs_old != gs_new:
+    logging.info("Resizing position embedding grid %dx%d -> %dx%d.", gs_old, gs_old, gs_new, gs_new)
+    grid = grid.reshape(gs_old, gs_old, -1)
+    grid = scipy.ndimage.zoom(grid, (gs_new / gs_old, gs_new / gs_old, 1), order=1)
+  grid = grid.reshape(1, gs_new * gs_new, -1)
+  return np.concatenate([tok, grid], axis=1).astype(posemb.dtype)
+
+
+def fit_to_target(flat: Mapping[str, np.ndarray], target: Params) -> dict[str, Any]:
+  """Fits original-layout flat arrays to the structure and shapes of `target`.
+
+  Resizes the position embedding, resets the head (to the target's own init,
+  i.e. zeros) when the class count differs, drops pre-logits the target lacks.
+  Any other missing, unexpected or mis-shaped array is reported, all in one error.
+  """
+  flat = dict(flat)
+  target_flat = flatten(target)
+  has_class_token = "cls" in flat
+  problems = []
+
+  if "pre_logits/kernel" in flat and "pre_logits/kernel" not in target_flat:
+    logging.info("Dropping the checkpoint's pre_logits: the model has representation_size=None.")
+    flat.pop("pre_logits/kernel")
+    flat.pop("pre_logits/bias", None)
+
+  out = {}
+  for key, want in target_flat.items():
+    want_shape = tuple(want.shape)
+    if key not in flat:
+      if key.startswith("head/"):
+        out[key] = _reset(want)
+        continue
+      fix = ("set representation_size=None or use a checkpoint with pre-logits"
+             if key.startswith("pre_logits/") else "check the model name and options")
+      problems.append(f"  {key}: missing from the checkpoint, model wants {want_shape}; {fix}.")
+      continue
+    value = np.asarray(flat.pop(key))
+    if value.shape != want_shape:
+      if key == POSEMB_KEY and value.shape[-1] == want_shape[-1]:
+        value = resize_posemb(value, want_shape[1], has_class_token=has_class_token,
+                              target_has_class_token="cls" in target_flat)
+      elif key.startswith("head/"):
+        logging.info("Resetting %s: checkpoint %s, model %s.", key, value.shape, want_shape)
+        value = _reset(want)
+      else:
+        problems.append(f"  {key}: checkpoint has {value.shape}, model wants {want_shape}; "
+                        "check the model name and options (hidden_size, patch_size, ...).")
+        continue
+    out[key] = value.astype(getattr(want, "dtype", value.dtype))
+
+  for key in sorted(flat):
+    problems.append(f"  {key}: in the checkpoint {flat[key].shape} but not in the model; "
+                    "check the model name and options (classifier, resnet_layers, ...).")
+  if problems:
+    raise CheckpointError("Checkpoint does not fit the model:\n" + "\n".join(problems))
+  return unflatten(out)
+
+
+def _reset(target_leaf: Any) -> np.ndarray:
+  """The target's own initial value (the zero-initialised head), or zeros if abstract."""
+  if isinstance(target_leaf, jax.ShapeDtypeStruct):
+    return np.zeros(target_leaf.shape, target_leaf.dtype)
+  return np.asarray(target_leaf)
+
+
+def load_npz(path: str, target: Optional[Params] = None) -> dict[str, Any]:
+  """Loads a released .npz (any layout). With `target` (e.g. `variables["params"]`
+  of the model to fine-tune) the result is fitted to it: see `fit_to_target`."""
+  flat = load_npz_flat(path)
+  if target is None:
+    return unflatten(flat)
+  return fit_to_target(flat, target)
+
+
+def save_npz(path: str, params: Params) -> None:
+  """Writes params as a flat .npz with '/'-joined keys: the original release layout."""
+  flat = {k: np.asarray(v) for k, v in flatten(params).items()}
+  path = epath.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  buf = io.BytesIO()
+  np.savez(buf, **flat)
+  tmp = path.parent / (path.name + ".tmp")
+  tmp.write_bytes(buf.getvalue())
+  tmp.replace(path)
