@@ -163,7 +163,8 @@ def test_mismatch_names_key_shapes_and_fix(tmp_path, hybrid):
   msg = str(e.value)
   assert "Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel: checkpoint has (32, 64), " \
          "model wants (32, 48); check the model name" in msg
-  plain = models.create_model("ViT-S_32", num_classes=7, representation_size=16, **HYBRID_TINY)
+  plain = models.create_model("ViT-S_32", num_classes=7, representation_size=16,
+                              **{**TINY, "patch_size": 32})
   target = jax.eval_shape(plain.init, jax.random.key(0), jnp.zeros((1, 64, 64, 3)))["params"]
   with pytest.raises(checkpoint.CheckpointError, match="conv_root/kernel: in the checkpoint"):
     checkpoint.load_npz(tmp_path / "p.npz", target=target)
