@@ -37,7 +37,7 @@ MODEL_CONFIGS: dict[str, dict[str, Any]] = {
 for _name in ("ViT-S_16", "ViT-B_16", "ViT-S_32", "ViT-B_32"):
   MODEL_CONFIGS[f"{_name}-gap-norep"] = dict(MODEL_CONFIGS[_name], classifier="gap")
 
-_FIELDS = tuple(f for f in VisionTransformer.__dataclass_fields__
+FIELDS = tuple(f for f in VisionTransformer.__dataclass_fields__
                 if f not in ("parent", "name", "name_in_registry"))
 
 
@@ -45,10 +45,10 @@ def model_config(name: str, **overrides: Any) -> dict[str, Any]:
   """The constructor arguments of a named model, with overrides applied."""
   if name not in MODEL_CONFIGS:
     raise ValueError(f"Unknown model {name!r}. Known models: {', '.join(MODEL_CONFIGS)}.")
-  unknown = sorted(set(overrides) - set(_FIELDS))
+  unknown = sorted(set(overrides) - set(FIELDS))
   if unknown:
     raise ValueError(f"Unknown model option(s) {unknown} for {name}. "
-                     f"Valid options: {', '.join(_FIELDS)}.")
+                     f"Valid options: {', '.join(FIELDS)}.")
   return {**MODEL_CONFIGS[name], **overrides}
 
 
@@ -56,3 +56,19 @@ def create_model(name: str, num_classes: int | None = 1000, **overrides: Any) ->
   """Builds a named model, e.g. `create_model("ViT-B_16", num_classes=10, dtype=jnp.bfloat16)`."""
   return VisionTransformer(num_classes=num_classes, name_in_registry=name,
                            **model_config(name, **overrides))
+
+
+def short_name(name: str) -> str:
+  """"ViT-B_16" -> "b16", "R50+ViT-B_16" -> "r50_b16": the names config args use."""
+  return name.lower().replace("vit-", "").replace("_", "").replace("+", "_")
+
+
+def resolve_name(name: str) -> str:
+  """A registry name from itself or its short form."""
+  if name in MODEL_CONFIGS:
+    return name
+  by_short = {short_name(n): n for n in MODEL_CONFIGS}
+  if name.lower() not in by_short:
+    raise ValueError(f"Unknown model {name!r}. Known models: {', '.join(MODEL_CONFIGS)} "
+                     f"(or short: {', '.join(by_short)}).")
+  return by_short[name.lower()]

@@ -1,0 +1,363 @@
+"""Tests of vit_jax.data: sources, preprocessing, train/eval iterators."""
+import collections
+import gzip
+import hashlib
+import os
+
+import jax
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from vit_jax import data
+from vit_jax.data import fashion_mnist
+from vit_jax.data import pipeline
+from vit_jax.data import preprocess as pp
+
+BATCH = 64
+
+
+def _mnist_config(shared_data, **overrides):
+  cfg = data.get_data_config()
+  cfg.name = "mnist"
+  cfg.data_dir = str(shared_data)
+  cfg.train_split = "train[:1000]"  # A 1,000-example epoch: ~16 steps.
+  cfg.eval_split = "test[:1001]"  # Not a multiple of BATCH.
+  cfg.shuffle_buffer = 1000
+  cfg.update(overrides)
+  return cfg
+
+
+def _sharding():
+  mesh = jax.sharding.Mesh(jax.devices(), ("data",))
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+
+
+def _take(ds, n):
+  return [jax.tree.map(np.asarray, b) for _, b in zip(range(n), ds.as_numpy_iterator())]
+
+
+def _train(cfg, seed=0, start_step=0, process_index=0, process_count=1):
+  return pipeline._train_dataset(
+      cfg, local_batch=BATCH, seed=seed, start_step=start_step,
+      process_index=process_index, process_count=process_count)
+
+
+def _digest(image) -> str:
+  """Identity of a preprocessed eval image (value range [-1, 1], RGB)."""
+  pixels = np.round((np.asarray(image)[..., 0] + 1) * 127.5).astype(np.uint8)
+  return hashlib.sha1(pixels.tobytes()).hexdigest()
+
+
+def _real_examples(batches):
+  return [(_digest(image), int(label))
+          for b in batches
+          for image, label, m in zip(b["image"], b["label"], b["mask"]) if m]
+
+
+def _write_folder(root, bad=()):
+  """root/{train,test}/{cat,dog}/*.png (varied sizes), plus files in `bad`."""
+  rng = np.random.default_rng(0)
+  for split, count in (("train", 6), ("test", 5)):
+    for label in ("cat", "dog"):
+      os.makedirs(root / split / label)
+      for i in range(count):
+        image = rng.integers(0, 256, (20 + i, 24, 3), np.uint8)
+        encoded = tf.io.encode_png(image) if i % 2 else tf.io.encode_jpeg(image)
+        suffix = ".png" if i % 2 else ".jpg"
+        (root / split / label / f"{i}{suffix}").write_bytes(encoded.numpy())
+  for path, content in bad:
+    (root / path).write_bytes(content)
+
+
+# --- config -------------------------------------------------------------
+
+
+def test_config_errors_name_the_field():
+  cfg = data.get_data_config()
+  cfg.train_crop = "foo"
+  with pytest.raises(ValueError, match=r"data.train_crop='foo' is not one of"):
+    data.dataset_info(cfg)
+  cfg = data.get_data_config()
+  cfg.value_range = (1.0, -1.0)
+  with pytest.raises(ValueError, match=r"data.value_range"):
+    data.dataset_info(cfg)
+  cfg = data.get_data_config()
+  cfg.flipp = True
+  with pytest.raises(ValueError, match=r"data.flipp is not a known field"):
+    data.dataset_info(cfg)
+
+
+def test_unknown_tfds_name(tmp_path):
+  cfg = data.get_data_config()
+  cfg.name, cfg.data_dir = "mnistt", str(tmp_path)
+  with pytest.raises(ValueError, match=r"neither a TFDS dataset.*'mnist'.*data_dir"):
+    data.dataset_info(cfg)
+
+
+def test_unprepared_tfds_dataset_says_how_to_supply_it(tmp_path):
+  cfg = data.get_data_config()
+  cfg.name, cfg.data_dir = "cifar10", str(tmp_path)
+  with pytest.raises(ValueError, match=r"not prepared.*data.data_dir.*image folder"):
+    data.dataset_info(cfg)
+
+
+# --- preprocessing ------------------------------------------------------
+
+
+def test_random_ops_are_stateless_and_keep_shapes():
+  images = tf.random.stateless_uniform([4, 10, 12, 1], [0, 1], maxval=255)
+  rng = tf.constant([3, 4], tf.int64)
+  for op in (lambda x, r: pp.random_crop(x, r, 2), pp.random_flip,
+             lambda x, r: pp.inception_crop(x, r, 8)):
+    np.testing.assert_array_equal(op(images, rng), op(images, rng))
+  assert pp.random_crop(images, rng, 2).shape == (4, 10, 12, 1)
+  assert pp.inception_crop(images, rng, 8).shape == (4, 8, 8, 1)
+  # A shift never invents pixels: each crop is a window of the padded image.
+  shifted = pp.random_crop(images, rng, 2).numpy()
+  padded = np.pad(images.numpy(), [(0, 0), (2, 2), (2, 2), (0, 0)])
+  for crop, full in zip(shifted, padded):
+    assert any(np.array_equal(crop, full[y:y + 10, x:x + 12])
+               for y in range(5) for x in range(5))
+  assert pp.central_crop(tf.zeros([9, 7, 3]), 5).shape == (5, 5, 3)
+  np.testing.assert_allclose(pp.value_range(tf.constant([0., 255.]), -1, 1), [-1, 1])
+
+
+def test_mixup_targets_sum_to_one():
+  batch = {"image": tf.random.stateless_uniform([8, 4, 4, 3], [0, 0]),
+           "label": tf.range(8) % 3}
+  mixed = pp.mixup(batch, tf.constant([1, 2], tf.int64), alpha=0.2, num_classes=3)
+  assert mixed["label"].shape == (8, 3)
+  np.testing.assert_allclose(tf.reduce_sum(mixed["label"], -1), 1, rtol=1e-6)
+
+
+# --- Fashion-MNIST from Debian's IDX files ------------------------------
+
+
+def _idx(name):
+  with gzip.open(os.path.join(fashion_mnist.DEBIAN_DIR, name)) as f:
+    content = f.read()
+  if "images" in name:
+    return np.frombuffer(content, np.uint8, offset=16).reshape(-1, 28, 28)
+  return np.frombuffer(content, np.uint8, offset=8)
+
+
+def _assert_same_examples(ds, images, labels):
+  """Every TFDS example is one of the IDX examples, with its label."""
+  reference = {images[i].tobytes(): labels[i] for i in range(len(labels))}
+  for image, label in tfds.as_numpy(ds):
+    assert reference[image[..., 0].tobytes()] == label
+
+
+needs_debian = pytest.mark.skipif(
+    not os.path.isdir(fashion_mnist.DEBIAN_DIR),
+    reason=f"{fashion_mnist.DEBIAN_DIR} missing: apt-get install dataset-fashion-mnist")
+
+
+@needs_debian
+def test_fashion_mnist_from_debian_files(tmp_path):
+  fashion_mnist.prepare_fashion_mnist(str(tmp_path), max_examples_per_split=200)
+  builder = tfds.builder("fashion_mnist", data_dir=str(tmp_path))
+  assert builder.is_prepared() and str(builder.version) == "3.0.1"
+  assert builder.info.features["image"].shape == (28, 28, 1)
+  assert builder.info.features["label"].names[:2] == ["T-shirt/top", "Trouser"]
+  assert builder.info.supervised_keys == ("image", "label")
+  ds = tfds.load("fashion_mnist", data_dir=str(tmp_path), split="test",
+                 as_supervised=True, download=False)
+  _assert_same_examples(ds, _idx("t10k-images-idx3-ubyte.gz")[:200],
+                        _idx("t10k-labels-idx1-ubyte.gz")[:200])
+  fashion_mnist.prepare_fashion_mnist(str(tmp_path))  # Prepared: a no-op.
+
+
+@needs_debian
+@pytest.mark.slow
+def test_fashion_mnist_full_splits(tmp_path):
+  fashion_mnist.prepare_fashion_mnist(str(tmp_path))
+  splits = tfds.builder("fashion_mnist", data_dir=str(tmp_path)).info.splits
+  assert (splits["train"].num_examples, splits["test"].num_examples) == (60000, 10000)
+  ds = tfds.load("fashion_mnist", data_dir=str(tmp_path), split="test",
+                 as_supervised=True, download=False)
+  images, labels = _idx("t10k-images-idx3-ubyte.gz"), _idx("t10k-labels-idx1-ubyte.gz")
+  _assert_same_examples(ds, images, labels)
+  assert collections.Counter(int(l) for _, l in tfds.as_numpy(ds)) == (
+      collections.Counter(labels.tolist()))
+
+
+def test_fashion_mnist_without_files_or_network(tmp_path, monkeypatch):
+  def no_network(self, **kwargs):
+    raise ConnectionError("no network")
+  monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", no_network)
+  with pytest.raises(RuntimeError, match="apt-get install dataset-fashion-mnist"):
+    fashion_mnist.prepare_fashion_mnist(str(tmp_path),
+                                        files_dir=str(tmp_path / "nothing"))
+
+
+# --- train iterator (MNIST from ../shared/data) -------------------------
+
+
+@pytest.mark.parametrize("overrides", [
+    {},  # Decoded in memory, batched augmentation.
+    {"train_crop": "inception", "mixup_alpha": 0.2, "image_size": 16},
+    {"cache": False},  # Streamed from disk through a shuffle buffer.
+], ids=["in_memory", "inception_mixup", "streamed"])
+def test_train_is_deterministic_and_resumable(shared_data, overrides):
+  cfg = _mnist_config(shared_data, **overrides)
+  run = _take(_train(cfg, seed=1), 20)  # Crosses the first epoch boundary.
+  again = _take(_train(_mnist_config(shared_data, threads=4, **overrides), seed=1), 20)
+  resumed = _take(_train(cfg, seed=1, start_step=14), 6)
+  other_seed = _take(_train(cfg, seed=2), 1)
+  for a, b in zip(run, again):
+    jax.tree.map(np.testing.assert_array_equal, a, b)
+  for a, b in zip(run[14:], resumed):
+    jax.tree.map(np.testing.assert_array_equal, a, b)
+  assert not np.array_equal(run[0]["image"], other_seed[0]["image"])
+  size = cfg.image_size
+  assert run[0]["image"].shape == (BATCH, size, size, 3)
+  assert run[0]["image"].dtype == np.float32
+  assert -1 <= run[0]["image"].min() < run[0]["image"].max() <= 1
+  if cfg.mixup_alpha:
+    assert run[0]["label"].shape == (BATCH, 10)
+    np.testing.assert_allclose(run[0]["label"].sum(-1), 1, rtol=1e-5)
+  else:
+    assert run[0]["label"].dtype == np.int32
+
+
+def test_train_epoch_is_a_permutation(shared_data):
+  cfg = _mnist_config(shared_data, train_split="train[:640]", train_crop="resize",
+                      flip=False)
+  epoch = _take(_train(cfg), 10)
+  seen = collections.Counter(_digest(i) for b in epoch for i in b["image"])
+  raw = tfds.load("mnist", data_dir=str(shared_data), split="train[:640]",
+                  as_supervised=True, download=False)
+  expected = collections.Counter(
+      hashlib.sha1(image[..., 0].tobytes()).hexdigest()
+      for image, _ in tfds.as_numpy(raw))
+  assert seen == expected
+
+
+def test_train_iterator_gives_global_arrays(shared_data):
+  sharding = _sharding()
+  it = data.train_iterator(_mnist_config(shared_data), global_batch_size=BATCH,
+                           sharding=sharding, seed=0)
+  batch = next(it)
+  assert isinstance(batch["image"], jax.Array)
+  assert batch["image"].shape == (BATCH, 28, 28, 3)
+  assert batch["image"].sharding == sharding
+  assert len(batch["label"].addressable_shards) == jax.device_count()
+  with pytest.raises(ValueError, match="global_batch_size=60"):
+    data.train_iterator(_mnist_config(shared_data), global_batch_size=60,
+                        sharding=sharding, seed=0)
+
+
+# --- eval iterator ------------------------------------------------------
+
+
+def test_eval_covers_every_example_once(shared_data):
+  cfg = _mnist_config(shared_data)
+  batches = [jax.tree.map(np.asarray, b) for b in data.eval_iterator(
+      cfg, global_batch_size=BATCH, sharding=_sharding())]
+  assert len(batches) == -(-1001 // BATCH)
+  masks = np.concatenate([b["mask"] for b in batches])
+  np.testing.assert_array_equal(masks, np.arange(len(masks)) < 1001)
+  raw = tfds.load("mnist", data_dir=str(shared_data), split="test[:1001]",
+                  as_supervised=True, download=False)
+  expected = collections.Counter(
+      (hashlib.sha1(image[..., 0].tobytes()).hexdigest(), int(label))
+      for image, label in tfds.as_numpy(raw))
+  assert collections.Counter(_real_examples(batches)) == expected
+  again = [jax.tree.map(np.asarray, b) for b in data.eval_iterator(
+      cfg, global_batch_size=BATCH, sharding=_sharding())]
+  assert _real_examples(again) == _real_examples(batches)  # A fresh pass.
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_two_processes_partition_the_eval_split(shared_data, cache):
+  cfg = _mnist_config(shared_data, cache=cache)
+  per_process = []
+  for index in range(2):
+    ds, num_batches = pipeline._eval_dataset(
+        cfg, local_batch=BATCH // 2, process_index=index, process_count=2)
+    batches = _take(ds, 1000)
+    assert len(batches) == num_batches == -(-501 // (BATCH // 2))
+    per_process.append(_real_examples(batches))
+  assert [len(p) for p in per_process] == [501, 500]
+  whole, _ = pipeline._eval_dataset(cfg, local_batch=BATCH, process_index=0,
+                                    process_count=1)
+  assert collections.Counter(per_process[0] + per_process[1]) == (
+      collections.Counter(_real_examples(_take(whole, 1000))))
+
+
+def test_two_processes_train_on_disjoint_shards(shared_data):
+  cfg = _mnist_config(shared_data, train_split="train[:256]", train_crop="resize",
+                      flip=False)
+  shards = [{_digest(i) for b in _take(_train(cfg, process_index=p, process_count=2), 2)
+             for i in b["image"]} for p in range(2)]
+  assert len(shards[0]) == len(shards[1]) == 128 and not shards[0] & shards[1]
+
+
+def test_dataset_info(shared_data):
+  info = data.dataset_info(_mnist_config(shared_data, train_split="train"))
+  assert (info.num_classes, info.num_train_examples, info.num_eval_examples) == (
+      10, 60000, 1001)
+
+
+# --- image folders ------------------------------------------------------
+
+
+def test_image_folder_skips_bad_images_and_reports_them(tmp_path, caplog):
+  _write_folder(tmp_path, bad=[("train/cat/broken.png", b"not an image"),
+                               ("test/dog/truncated.jpg", b"\xff\xd8\xff\xe0")])
+  cfg = data.get_data_config()
+  cfg.update(name=str(tmp_path), on_bad_image="skip", image_size=16,
+             train_crop="inception")
+  info = data.dataset_info(cfg)
+  assert info.class_names == ("cat", "dog")
+  assert (info.num_train_examples, info.num_eval_examples) == (12, 10)
+  assert sorted(os.path.basename(p) for p in info.skipped_images) == [
+      "broken.png", "truncated.jpg"]
+  assert "broken.png" in caplog.text and "Skipping 1 undecodable" in caplog.text
+
+  batches = [jax.tree.map(np.asarray, b) for b in data.eval_iterator(
+      cfg, global_batch_size=8, sharding=_sharding())]
+  assert sum(b["mask"].sum() for b in batches) == 10
+  assert sorted(l for b in batches for l, m in zip(b["label"], b["mask"]) if m) == (
+      [0] * 5 + [1] * 5)
+  train = _take(_train(cfg), 3)  # Batch 64 > 12 images: several epochs.
+  assert train[0]["image"].shape == (BATCH, 16, 16, 3)
+  assert collections.Counter(train[0]["label"][:12].tolist()) == {0: 6, 1: 6}
+
+
+def test_image_folder_fails_on_bad_image_naming_it(tmp_path):
+  _write_folder(tmp_path, bad=[("train/dog/broken.png", b"not an image")])
+  cfg = data.get_data_config()
+  cfg.update(name=str(tmp_path))
+  with pytest.raises(ValueError, match=r"Cannot decode image .*train/dog/broken\.png"):
+    data.dataset_info(cfg)
+
+
+def test_image_folder_split_must_exist(tmp_path):
+  _write_folder(tmp_path)
+  cfg = data.get_data_config()
+  cfg.update(name=str(tmp_path), eval_split="val")
+  with pytest.raises(ValueError, match=r"data.eval_split='val'.*not a sub-folder"):
+    data.dataset_info(cfg)
+
+
+@pytest.mark.parametrize("cache", [True, False], ids=["in_memory", "streamed"])
+def test_image_folder_resume_and_process_shards(tmp_path, cache):
+  """Needs no downloaded data: a fresh clone runs it."""
+  _write_folder(tmp_path)
+  cfg = data.get_data_config()
+  cfg.update(name=str(tmp_path), image_size=16, cache=cache, shuffle_buffer=4)
+  train = lambda **kw: pipeline._train_dataset(
+      cfg, local_batch=8, seed=3, process_index=0, process_count=1, **kw)
+  run, resumed = _take(train(start_step=0), 8), _take(train(start_step=5), 3)
+  for a, b in zip(run[5:], resumed):  # 12 images: an epoch is 1.5 steps.
+    jax.tree.map(np.testing.assert_array_equal, a, b)
+  shards = [_real_examples(_take(pipeline._eval_dataset(
+      cfg, local_batch=4, process_index=i, process_count=2)[0], 100)) for i in range(2)]
+  whole = _real_examples(_take(pipeline._eval_dataset(
+      cfg, local_batch=4, process_index=0, process_count=1)[0], 100))
+  assert [len(s) for s in shards] == [5, 5] and len(whole) == 10
+  assert collections.Counter(shards[0] + shards[1]) == collections.Counter(whole)

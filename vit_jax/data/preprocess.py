@@ -1,0 +1,122 @@
+"""Preprocessing ops: small TF functions on images.
+
+Random ops work on a batch [B, H, W, C] of equally sized images (a single
+image goes in as a batch of one) and draw every example's randomness from one
+stateless seed `rng` (shape [2]): the output depends on nothing else, so a
+pipeline that derives `rng` from (seed, step) or (seed, example position) is
+deterministic however many threads run it. Batching first matters for small
+images, where tf.data's per-example overhead would cost more than the work.
+The other ops take one image [H, W, C] or a batch.
+"""
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+
+def decode(data: tf.Tensor, channels: int) -> tf.Tensor:
+  """Encoded PNG/JPEG/GIF/BMP bytes -> uint8 [H, W, channels]."""
+  image = tf.io.decode_image(data, channels=channels, expand_animations=False)
+  image.set_shape([None, None, channels])
+  return image
+
+
+def resize(images: tf.Tensor, size: int) -> tf.Tensor:
+  """Resizes to size x size (bilinear); returns float32."""
+  height_width = tuple(images.shape[-3:-1])
+  if height_width == (size, size):
+    return tf.cast(images, tf.float32)
+  # Antialiasing only matters when shrinking, and costs 4x when enlarging.
+  enlarging = None not in height_width and max(height_width) <= size
+  return tf.image.resize(images, [size, size], antialias=not enlarging)
+
+
+def resize_small(image: tf.Tensor, size: int) -> tf.Tensor:
+  """Resizes so that the shorter side is `size`, keeping the aspect ratio."""
+  hw = tf.cast(tf.shape(image)[-3:-1], tf.float32)
+  new_hw = tf.cast(tf.round(hw * (size / tf.reduce_min(hw))), tf.int32)
+  return tf.image.resize(image, tf.maximum(new_hw, size), antialias=True)
+
+
+def central_crop(images: tf.Tensor, size: int) -> tf.Tensor:
+  """The central size x size window of images at least that large."""
+  h, w = tf.shape(images)[-3], tf.shape(images)[-2]
+  top, left = (h - size) // 2, (w - size) // 2
+  crop = images[..., top:top + size, left:left + size, :]
+  crop.set_shape(images.shape[:-3] + (size, size, images.shape[-1]))
+  return crop
+
+
+def inception_crop(images: tf.Tensor, rng: tf.Tensor, size: int,
+                   area: Sequence[float] = (0.05, 1.0),
+                   aspect: Sequence[float] = (3 / 4, 4 / 3)) -> tf.Tensor:
+  """Random crops covering `area` of each image, resized to size x size.
+
+  The "Inception" / random-resized crop (Szegedy et al. 2015), with boxes from
+  tf.image's sampler as in big_vision; bilinear, float32 [B, size, size, C].
+  """
+  image_shape = tf.shape(images)[1:]
+  batch = tf.shape(images)[0]
+
+  def box(seed):
+    begin, extent, _ = tf.image.stateless_sample_distorted_bounding_box(
+        image_shape, tf.zeros([0, 0, 4], tf.float32), seed=seed,
+        area_range=area, aspect_ratio_range=aspect, min_object_covered=0,
+        use_image_if_no_bounding_boxes=True)
+    # crop_and_resize maps coordinate y to pixel y * (H - 1).
+    scale = tf.cast(tf.maximum(image_shape[:2] - 1, 1), tf.float32)
+    top_left = tf.cast(begin[:2], tf.float32)
+    bottom_right = tf.cast(begin[:2] + extent[:2] - 1, tf.float32)
+    return tf.concat([top_left / scale, bottom_right / scale], axis=0)
+
+  seeds = tf.random.experimental.stateless_split(rng, batch)
+  boxes = tf.map_fn(box, seeds, fn_output_signature=tf.float32)
+  return tf.image.crop_and_resize(images, boxes, tf.range(batch), [size, size])
+
+
+def random_crop(images: tf.Tensor, rng: tf.Tensor, padding: int) -> tf.Tensor:
+  """Shifts each image by up to `padding` pixels: zero-pad, crop to H x W."""
+  height, width = tf.shape(images)[1], tf.shape(images)[2]
+  images = tf.pad(images, [[0, 0], [padding, padding], [padding, padding],
+                           [0, 0]])
+  offsets = tf.cast(
+      tf.random.stateless_uniform([tf.shape(images)[0], 2], rng) *
+      (2 * padding + 1), tf.int32)
+  rows = offsets[:, :1] + tf.range(height)
+  cols = offsets[:, 1:] + tf.range(width)
+  images = tf.gather(images, rows, axis=1, batch_dims=1)
+  return tf.gather(images, cols, axis=2, batch_dims=1)
+
+
+def random_flip(images: tf.Tensor, rng: tf.Tensor) -> tf.Tensor:
+  """Flips each image left-right with probability 1/2."""
+  flip = tf.random.stateless_uniform([tf.shape(images)[0], 1, 1, 1], rng) < 0.5
+  return tf.where(flip, tf.reverse(images, axis=[2]), images)
+
+
+def gray_to_rgb(images: tf.Tensor) -> tf.Tensor:
+  """Repeats a single channel three times; RGB images pass through."""
+  return tf.image.grayscale_to_rgb(images) if images.shape[-1] == 1 else images
+
+
+def value_range(images: tf.Tensor, low: float, high: float,
+                in_low: float = 0.0, in_high: float = 255.0) -> tf.Tensor:
+  """Maps [in_low, in_high] linearly to [low, high], as float32."""
+  images = tf.cast(images, tf.float32)
+  return low + (images - in_low) * ((high - low) / (in_high - in_low))
+
+
+def mixup(batch: dict[str, tf.Tensor], rng: tf.Tensor, alpha: float,
+          num_classes: int) -> dict[str, tf.Tensor]:
+  """Mixes each example with its neighbour in the batch (Zhang et al. 2018).
+
+  One ratio r ~ Beta(alpha, alpha) for the batch: image = r*x_i + (1-r)*x_{i-1}
+  and `label` becomes the same mix of one-hot vectors (rows sum to one).
+  """
+  # Beta(a, a) as G1 / (G1 + G2) with Gi ~ Gamma(a); float64 so that small
+  # alphas don't underflow both draws to 0.
+  g = tf.random.stateless_gamma([2], seed=rng, alpha=alpha, dtype=tf.float64)
+  total = g[0] + g[1]
+  ratio = tf.cast(tf.where(total > 0, g[0] / total, 0.5), tf.float32)
+  labels = tf.one_hot(batch["label"], num_classes, dtype=tf.float32)
+  mix = lambda x: ratio * x + (1 - ratio) * tf.roll(x, shift=1, axis=0)
+  return {**batch, "image": mix(batch["image"]), "label": mix(labels)}

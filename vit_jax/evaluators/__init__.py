@@ -1,0 +1,1 @@
+"""Evaluators: each takes a function of images (never a trainer) and returns metrics."""

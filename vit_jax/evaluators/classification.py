@@ -1,0 +1,48 @@
+"""Top-1 / top-5 accuracy and loss over a full evaluation split."""
+from typing import Callable, Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vit_jax.train import trainer
+
+
+class ClassificationEvaluator:
+  """Counts every real example once: padded examples carry mask 0.
+
+  `predict_fn(params, images) -> logits` is jit-compiled here with the batch's
+  sharding; the sums stay on device until the end of the pass.
+  """
+
+  def __init__(self, predict_fn: Callable, batches: Callable[[], Iterable[dict]],
+               loss_name: str = "softmax_xent"):
+    self.batches = batches
+    self.loss_name = loss_name
+
+    def sums(params, batch):
+      logits = predict_fn(params, batch["image"])
+      mask, num_classes = batch["mask"], logits.shape[-1]
+      label = jnp.argmax(trainer.onehot_targets(batch["label"], num_classes), -1)
+      out = {
+          "count": jnp.sum(mask),
+          "loss": jnp.sum(trainer.per_example_loss(loss_name, logits, batch["label"]) * mask),
+          "accuracy": jnp.sum((jnp.argmax(logits, -1) == label) * mask),
+      }
+      if num_classes >= 5:
+        top5 = jax.lax.top_k(logits, 5)[1]
+        out["top5_accuracy"] = jnp.sum(jnp.any(top5 == label[:, None], -1) * mask)
+      return out
+
+    self._sums = jax.jit(sums)
+
+  def run(self, params) -> dict[str, float]:
+    total = None
+    for batch in self.batches():
+      s = self._sums(params, batch)
+      total = s if total is None else jax.tree.map(jnp.add, total, s)
+    if total is None:
+      raise ValueError("The evaluation split yielded no batches.")
+    total = jax.tree.map(lambda x: float(np.asarray(x)), total)
+    count = total.pop("count")
+    return {k: v / count for k, v in total.items()} | {"num_examples": count}

@@ -1,0 +1,1 @@
+"""Training: optimizers, sharding, the train step and the loop."""

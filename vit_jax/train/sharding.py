@@ -1,0 +1,45 @@
+"""Device mesh and sharding rules: batches split over (data, fsdp), parameters
+(and optimizer state) split over fsdp along their largest divisible axis."""
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+BATCH_AXES = ("data", "fsdp")
+
+
+def make_mesh(data: int = -1, fsdp: int = 1) -> Mesh:
+  """A 2-D mesh over all devices; -1 takes what the other axis leaves."""
+  n = jax.device_count()
+  if data == -1:
+    data = n // fsdp
+  if fsdp == -1:
+    fsdp = n // data
+  if data * fsdp != n:
+    raise ValueError(f"config.mesh: data={data} x fsdp={fsdp} must equal the {n} devices; "
+                     "use -1 for one axis to take the rest.")
+  return jax.make_mesh((data, fsdp), ("data", "fsdp"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def fsdp_spec(shape: tuple[int, ...], fsdp_size: int, min_size: int = 2**14) -> P:
+  """Shards the largest axis divisible by the fsdp size; small arrays stay replicated."""
+  if fsdp_size == 1 or np.prod(shape, dtype=np.int64) < min_size:
+    return P()
+  for axis in np.argsort(shape)[::-1]:
+    if shape[axis] % fsdp_size == 0:
+      spec = [None] * len(shape)
+      spec[axis] = "fsdp"
+      return P(*spec)
+  return P()
+
+
+def state_shardings(mesh: Mesh, abstract_state: Any) -> Any:
+  """A NamedSharding for every leaf of a (params / optimizer) state tree."""
+  size = mesh.shape["fsdp"]
+  return jax.tree.map(lambda x: NamedSharding(mesh, fsdp_spec(tuple(x.shape), size)), abstract_state)
