@@ -30,7 +30,7 @@ EXTRAS = {
         "torchvision==0.29.1",
         "timm",
     ],
-    "gpu": ["jax[cuda12]"],
+    "gpu": ["jax[cuda13]"],
     "tpu": ["jax[tpu]"],
 }
 
@@ -46,6 +46,8 @@ setuptools.setup(
     entry_points={
         "console_scripts": [
             "vit-train=vit_jax.main:run",
+            "vit-fewshot=vit_jax.fewshot:run",
+            "vit-export=vit_jax.export:run",
         ],
     },
 )

@@ -12,6 +12,7 @@ Layouts read:
 Everything is converted to the original layout, which is also what `save_npz` writes.
 """
 import io
+import json
 import logging
 import re
 from typing import Any, Mapping, Optional
@@ -101,6 +102,31 @@ def to_original_layout(flat: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 def load_npz_flat(path: str) -> dict[str, np.ndarray]:
   """Reads a released .npz in any layout, as flat keys of the original layout."""
   return to_original_layout(read_npz(path))
+
+
+def infer_model_config(flat: Mapping[str, np.ndarray]) -> dict[str, Any]:
+  """The `VisionTransformer` fields of original-layout arrays, read off their shapes."""
+  block = "Transformer/encoderblock_0/"
+  if "embedding/kernel" not in flat or block + "MlpBlock_3/Dense_0/kernel" not in flat:
+    raise CheckpointError("Cannot infer the architecture: the checkpoint has no embedding or "
+                          "encoder block 0.")
+  kernel = flat["embedding/kernel"]
+  config = dict(
+      patch_size=kernel.shape[0], hidden_size=kernel.shape[-1],
+      mlp_dim=flat[block + "MlpBlock_3/Dense_0/kernel"].shape[-1],
+      num_heads=flat[block + "MultiHeadDotProductAttention_1/query/kernel"].shape[1],
+      num_layers=len({k.split("/")[1] for k in flat if k.startswith("Transformer/encoderblock_")}),
+      representation_size=(flat["pre_logits/kernel"].shape[-1] if "pre_logits/kernel" in flat
+                            else None),
+      classifier="token" if "cls" in flat else "map" if "MAPHead_0/probe" in flat else "gap",
+      posemb="learn" if POSEMB_KEY in flat else "sincos2d")
+  if "conv_root/kernel" in flat:
+    stages = sorted({k.split("/")[0] for k in flat if re.match(r"block\d+/", k)})
+    config["resnet_layers"] = tuple(
+        len({k.split("/")[1] for k in flat if k.startswith(f"block{i + 1}/")})
+        for i in range(len(stages)))
+    config["resnet_width_factor"] = flat["conv_root/kernel"].shape[-1] / 64
+  return config
 
 
 def resize_posemb(posemb: np.ndarray, num_tokens: int, *, has_class_token: bool,
@@ -194,6 +220,24 @@ def load_npz(path: str, target: Optional[Params] = None) -> dict[str, Any]:
   if target is None:
     return unflatten(flat)
   return fit_to_target(flat, target)
+
+
+def load_orbax_params(step_dir: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+  """Params (flat, original layout) and model description of one of this project's
+  orbax checkpoints, `WORKDIR/checkpoints/STEP`, as host numpy arrays on any device count."""
+  import orbax.checkpoint as ocp  # Only this reader needs orbax.
+
+  step_dir = epath.Path(step_dir)
+  if not (step_dir / "state").is_dir() or not (step_dir / "meta" / "metadata").exists():
+    raise CheckpointError(f"{step_dir} is not a vit_jax checkpoint step directory "
+                          "(WORKDIR/checkpoints/STEP with state/ and meta/).")
+  checkpointer = ocp.PyTreeCheckpointer()
+  tree = checkpointer.metadata(step_dir / "state").item_metadata.tree
+  restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+  state = checkpointer.restore(step_dir / "state",
+                               args=ocp.args.PyTreeRestore(restore_args=restore_args))
+  meta = json.loads((step_dir / "meta" / "metadata").read_text())
+  return flatten(state["params"]), meta
 
 
 def save_npz(path: str, params: Params) -> None:

@@ -34,6 +34,12 @@ def base_config() -> ml_collections.ConfigDict:
       mu_dtype=ml_collections.FieldReference(None, field_type=str)))
   c.loss = "softmax_xent"
 
+  # Few-shot linear probes run with the evaluation (off while `datasets` is empty).
+  c.fewshot = ml_collections.ConfigDict(dict(
+      datasets=(), data_dir=ml_collections.FieldReference(None, field_type=str),
+      train_split="train", test_split="test", shots=(1, 5, 10, 25), seeds=3,
+      l2=tuple(2.0**k for k in range(-10, 20, 2))))
+
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
   c.log_every_steps = 50
   c.eval_every_steps = ml_collections.FieldReference(None, field_type=int)  # None: at the end.
@@ -84,6 +90,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _check(c[key] >= 1, key, c[key], "must be >= 1")
   _check(c.eval_every_steps is None or c.eval_every_steps >= 1, "eval_every_steps",
          c.eval_every_steps, "must be None or >= 1")
+  _check(all(l2 > 0 for l2 in c.fewshot.l2), "fewshot.l2", c.fewshot.l2, "values must be > 0")
+  _check(all(isinstance(k, int) and k > 0 for k in c.fewshot.shots), "fewshot.shots",
+         c.fewshot.shots, "must be positive integers")
   data_config.validate(c.data)
 
 

@@ -1,0 +1,81 @@
+"""Few-shot linear probes: the solver against scikit-learn, sampling, errors."""
+import numpy as np
+import pytest
+from sklearn.linear_model import Ridge
+
+from vit_jax.evaluators import fewshot
+
+
+@pytest.mark.parametrize("n,d", [(40, 65), (300, 17)])  # Dual (n <= d) and primal forms.
+def test_ridge_matches_sklearn(n, d):
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(n, d)) * rng.uniform(0.1, 5, size=d) + rng.normal(size=d)
+  y = rng.integers(0, 5, size=n)
+  x_test = rng.normal(size=(200, d))
+  xs, xts = fewshot.standardise(x, x_test)
+  l2s = [2.0**-3, 1.0, 2.0**6]
+  for l2, w in zip(l2s, fewshot.ridge_weights(xs, y, l2s, num_classes=5)):
+    reference = Ridge(alpha=l2, fit_intercept=False, solver="svd", tol=1e-12)
+    reference.fit(xs, 2.0 * np.eye(5)[y] - 1.0)
+    np.testing.assert_allclose(w, reference.coef_.T, atol=1e-5, rtol=1e-6)
+    ours = np.mean(np.argmax(xts @ w, -1) == np.argmax(reference.predict(xts), -1))
+    assert ours == pytest.approx(1.0, abs=1e-4)
+
+
+def test_standardise_uses_train_statistics_and_adds_bias_column():
+  x = np.array([[1.0, 10.0], [3.0, 30.0]])
+  xs, xt = fewshot.standardise(x, np.array([[2.0, 20.0]]))
+  np.testing.assert_allclose(xs[:, :2].mean(0), 0.0, atol=1e-12)
+  np.testing.assert_allclose(xs[:, 2], 100.0)
+  np.testing.assert_allclose(xt, [[0.0, 0.0, 100.0]], atol=1e-12)
+
+
+def test_shots_are_nested_and_balanced():
+  labels = np.repeat(np.arange(4), 30)
+  big = fewshot.sample_shots(labels, 10, seed=3, num_classes=4).reshape(4, 10)
+  again = fewshot.sample_shots(labels, 10, seed=3, num_classes=4).reshape(4, 10)
+  np.testing.assert_array_equal(big, again)
+  assert all(set(labels[row]) == {c} for c, row in enumerate(big))
+  other_seed = fewshot.sample_shots(labels, 10, seed=4, num_classes=4)
+  assert set(other_seed) != set(big.ravel())
+
+
+def test_too_many_shots_names_the_class_and_counts():
+  labels = np.array([0] * 30 + [1] * 3 + [2] * 30)
+  with pytest.raises(ValueError, match="Class 1 has 3 examples .* fewer than the 5 shots"):
+    fewshot.sample_shots(labels, 5, seed=0, num_classes=3)
+
+
+def test_nonpositive_l2_is_rejected():
+  with pytest.raises(ValueError, match="must be > 0"):
+    fewshot.ridge_weights(np.ones((3, 2)), np.zeros(3, int), [1.0, 0.0], 2)
+  with pytest.raises(ValueError, match="must be > 0"):
+    fewshot.FewShotEvaluator(lambda p, x: x, {}, l2_regs=(-1.0,))
+
+
+def _clusters(n_train, n_test, num_classes=5, d=32):
+  """Gaussian blobs around shared class centres: (train, test)."""
+  rng = np.random.default_rng(0)
+  centers = rng.normal(size=(num_classes, d)) * 0.5
+  out = []
+  for n in (n_train, n_test):
+    y = np.repeat(np.arange(num_classes), n)
+    out.append((centers[y] + rng.normal(size=(len(y), d)), y))
+  return out
+
+
+def test_accuracy_rises_with_shots_and_l2_is_chosen_on_train_data():
+  train, test = _clusters(60, 100)
+  results = fewshot.evaluate_dataset("blobs", train, test, 5, shots=(1, 5, 25), seeds=3,
+                                     l2_regs=(0.01, 1.0, 100.0, 1e4))
+  means = [r.mean for r in results]
+  assert means[0] < means[1] < means[2]
+  assert all(len(r.accuracies) == 3 and r.l2 in (0.01, 1.0, 100.0, 1e4) for r in results)
+  assert results[-1].mean > 0.8
+
+
+def test_nan_features_are_reported():
+  (x, y), test = _clusters(30, 10)
+  x[3, 4] = np.nan
+  with pytest.raises(FloatingPointError, match="train representations contain NaN"):
+    fewshot.evaluate_dataset("blobs", (x, y), test, 5, shots=(1,))

@@ -1,0 +1,152 @@
+"""Few-shot linear probes: the paper's closed-form L2-regularised least squares.
+
+Frozen representations are standardised (with the few-shot set's statistics), a
+constant column of 100 is appended so that the bias is all but unregularised, and
+{-1, +1}^K targets are fitted by ridge regression. One eigendecomposition (float64,
+on host) serves every l2 value: with n examples and d features, the n x n Gram
+matrix is decomposed when n <= d (the dual form), the d x d covariance otherwise.
+"""
+import dataclasses
+from typing import Callable, Iterable, Sequence
+
+import jax
+import numpy as np
+
+BIAS_CONSTANT = 100.0
+DEFAULT_L2 = tuple(2.0**k for k in range(-10, 20, 2))
+
+
+def standardise(x_train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
+  """Zero mean, unit variance per feature (train statistics), plus the bias column."""
+  mean = x_train.mean(0, keepdims=True)
+  std = x_train.std(0, keepdims=True) + 1e-5
+  return [np.pad((x - mean) / std, ((0, 0), (0, 1)), constant_values=BIAS_CONSTANT)
+          for x in (x_train, *others)]
+
+
+def ridge_weights(x: np.ndarray, y: np.ndarray, l2_regs: Sequence[float],
+                  num_classes: int) -> list[np.ndarray]:
+  """argmin_W |XW - T|^2 + l2 |W|^2 for each l2, T = 2 * onehot(y) - 1. x: (n, d)."""
+  if min(l2_regs) <= 0:
+    raise ValueError(f"l2 regularisers must be > 0, got {list(l2_regs)}.")
+  x = x.astype(np.float64)
+  targets = 2.0 * np.eye(num_classes)[y] - 1.0
+  n, d = x.shape
+  if n <= d:  # W = X^T (X X^T + l2 I)^-1 T
+    s, u = np.linalg.eigh(x @ x.T)
+    ut_t = u.T @ targets
+    return [x.T @ (u @ (ut_t / (s + l2)[:, None])) for l2 in l2_regs]
+  s, v = np.linalg.eigh(x.T @ x)  # W = (X^T X + l2 I)^-1 X^T T
+  vt_xt_t = v.T @ (x.T @ targets)
+  return [v @ (vt_xt_t / (s + l2)[:, None]) for l2 in l2_regs]
+
+
+def sample_shots(labels: np.ndarray, shots: int, seed: int, num_classes: int,
+                 exclude: np.ndarray | None = None) -> np.ndarray:
+  """Indices of `shots` examples per class; for a seed, smaller shots are subsets of larger."""
+  rng = np.random.default_rng(seed)
+  chosen = []
+  for c in range(num_classes):
+    idx = np.flatnonzero(labels == c)
+    if exclude is not None:
+      idx = np.setdiff1d(idx, exclude)
+    if len(idx) < shots:
+      raise ValueError(f"Class {c} has {len(idx)} examples available for few-shot training, "
+                       f"fewer than the {shots} shots asked for. Use fewer shots or a larger "
+                       "train split.")
+    chosen.append(rng.permutation(idx)[:shots])
+  return np.concatenate(chosen)
+
+
+def compute_features(repr_fn: Callable, batches: Iterable[dict]) -> tuple[np.ndarray, np.ndarray]:
+  """Representations and labels of the real (mask 1) examples, in order."""
+  feats, labels = [], []
+  for batch in batches:
+    f = repr_fn(batch["image"])
+    f, y, m = (np.asarray(jax.device_get(a)) for a in (f, batch["label"], batch["mask"]))
+    feats.append(f[m > 0])
+    labels.append(y[m > 0])
+  return np.concatenate(feats), np.concatenate(labels)
+
+
+@dataclasses.dataclass
+class FewShotResult:
+  dataset: str
+  shots: int
+  accuracies: list[float]  # One per seed, at the chosen l2.
+  l2: float
+  accuracy_by_l2: dict[float, float]  # Mean over seeds, on the test split.
+
+  @property
+  def mean(self) -> float:
+    return float(np.mean(self.accuracies))
+
+  @property
+  def std(self) -> float:
+    return float(np.std(self.accuracies))
+
+
+def evaluate_dataset(name: str, train: tuple[np.ndarray, np.ndarray],
+                     test: tuple[np.ndarray, np.ndarray], num_classes: int,
+                     shots: Sequence[int] = (1, 5, 10, 25), seeds: int = 3,
+                     l2_regs: Sequence[float] = DEFAULT_L2,
+                     val_per_class: int = 10) -> list[FewShotResult]:
+  """Few-shot accuracies on one dataset's cached features.
+
+  The l2 value is chosen per shot count on `val_per_class` examples per class held
+  out from the train features (never from the test split), then the test accuracy
+  at that l2 is reported.
+  """
+  x_pool, y_pool = train
+  x_test, y_test = test
+  for what, x in (("train", x_pool), ("test", x_test)):
+    if not np.all(np.isfinite(x)):
+      raise FloatingPointError(f"{name}: the {what} representations contain NaN or inf.")
+  val_idx = sample_shots(y_pool, val_per_class, seed=10_000, num_classes=num_classes)
+  results = []
+  for k in shots:
+    test_acc = np.zeros((seeds, len(l2_regs)))
+    val_acc = np.zeros((seeds, len(l2_regs)))
+    for seed in range(seeds):
+      idx = sample_shots(y_pool, max(shots), seed, num_classes, exclude=val_idx)
+      idx = idx.reshape(num_classes, max(shots))[:, :k].ravel()  # Nested across shots.
+      x, xv, xt = standardise(x_pool[idx], x_pool[val_idx], x_test)
+      for j, w in enumerate(ridge_weights(x, y_pool[idx], l2_regs, num_classes)):
+        val_acc[seed, j] = np.mean(np.argmax(xv @ w, -1) == y_pool[val_idx])
+        test_acc[seed, j] = np.mean(np.argmax(xt @ w, -1) == y_test)
+    best = int(np.argmax(val_acc.mean(0)))
+    results.append(FewShotResult(
+        dataset=name, shots=k, accuracies=test_acc[:, best].tolist(), l2=float(l2_regs[best]),
+        accuracy_by_l2={float(l2): float(a) for l2, a in zip(l2_regs, test_acc.mean(0))}))
+  return results
+
+
+class FewShotEvaluator:
+  """Few-shot accuracy on several datasets, for a function of (params, images).
+
+  `datasets` maps a name to `(train_batches, test_batches, num_classes)` where the
+  batch callables give one masked pass (as `vit_jax.data.eval_iterator` does).
+  Features are computed once per dataset and run; the solves reuse them.
+  """
+
+  def __init__(self, repr_fn: Callable, datasets: dict[str, tuple[Callable, Callable, int]],
+               shots: Sequence[int] = (1, 5, 10, 25), seeds: int = 3,
+               l2_regs: Sequence[float] = DEFAULT_L2, val_per_class: int = 10):
+    if min(l2_regs) <= 0:
+      raise ValueError(f"fewshot l2 values must be > 0, got {list(l2_regs)}.")
+    self.repr_fn = jax.jit(repr_fn)
+    self.datasets, self.shots, self.seeds = datasets, tuple(shots), seeds
+    self.l2_regs, self.val_per_class = tuple(l2_regs), val_per_class
+
+  def run_detailed(self, params) -> list[FewShotResult]:
+    fn = lambda images: self.repr_fn(params, images)
+    results = []
+    for name, (train_batches, test_batches, num_classes) in self.datasets.items():
+      train = compute_features(fn, train_batches())
+      test = compute_features(fn, test_batches())
+      results += evaluate_dataset(name, train, test, num_classes, self.shots, self.seeds,
+                                  self.l2_regs, self.val_per_class)
+    return results
+
+  def run(self, params) -> dict[str, float]:
+    return {f"{r.dataset}_{r.shots}shot": r.mean for r in self.run_detailed(params)}

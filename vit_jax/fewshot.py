@@ -1,0 +1,190 @@
+"""Few-shot sweeps over checkpoints: `python -m vit_jax.fewshot CKPT... --datasets a,b`.
+
+Checkpoints: released .npz files (any layout; `--model` names the architecture, else it
+is read off the arrays' shapes) or this project's orbax step directories
+(`WORKDIR/checkpoints/STEP`, the model is read from the checkpoint), globs allowed. Writes fewshot.csv, fewshot.md and fewshot.png to --out_dir:
+checkpoint x dataset x shots, mean ± std over seeds. A checkpoint that fails to load is
+reported and the sweep goes on.
+"""
+import argparse
+import csv
+import glob
+import os
+import sys
+import traceback
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from etils import epath
+
+from vit_jax import checkpoint, data, models
+from vit_jax.evaluators import fewshot as fewshot_lib
+from vit_jax.train import sharding
+
+
+def dataset_batches(name: str, data_dir: str | None, split: str, image_size: int,
+                    batch_size: int) -> tuple[Callable, int]:
+  """A callable giving one masked pass over `split`, and the number of classes."""
+  cfg = data.get_data_config()
+  cfg.update(name=name, data_dir=data_dir, eval_split=split, train_split=split,
+             image_size=image_size)
+  info = data.dataset_info(cfg)
+  batch_sharding = sharding.batch_sharding(sharding.make_mesh())
+  return (lambda: data.eval_iterator(cfg, global_batch_size=batch_size, sharding=batch_sharding),
+          info.num_classes)
+
+
+def fewshot_datasets(names: Sequence[str], data_dir: str | None, train_split: str,
+                     test_split: str, image_size: int, batch_size: int) -> dict[str, tuple]:
+  out = {}
+  for name in names:
+    train, num_classes = dataset_batches(name, data_dir, train_split, image_size, batch_size)
+    test, _ = dataset_batches(name, data_dir, test_split, image_size, batch_size)
+    out[name] = (train, test, num_classes)
+  return out
+
+
+def load_for_representation(path: str, model_name: str | None,
+                            image_size: int) -> tuple[models.VisionTransformer, Any]:
+  """A head-less model and its params from an .npz or an orbax step directory.
+
+  The architecture comes from the orbax checkpoint's metadata, from `model_name`, or
+  else is read off the .npz's array shapes.
+  """
+  if epath.Path(path).is_dir():
+    flat, meta = checkpoint.load_orbax_params(path)
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in meta["model"].items()}
+  else:
+    flat = checkpoint.load_npz_flat(path)
+    fields = (models.model_config(models.resolve_name(model_name)) if model_name
+              else checkpoint.infer_model_config(flat))
+  flat = {k: v for k, v in flat.items() if not k.startswith("head/")}
+  if "pre_logits/kernel" in flat:  # The representation is the pre-logits output.
+    fields["representation_size"] = flat["pre_logits/kernel"].shape[-1]
+  model = models.VisionTransformer(num_classes=None, **fields)
+  abstract = jax.eval_shape(model.init, jax.random.key(0),
+                            jnp.zeros((1, image_size, image_size, 3)))["params"]
+  return model, checkpoint.fit_to_target(flat, abstract)
+
+
+def representation_fn(model: models.VisionTransformer) -> Callable:
+  return lambda params, images: model.apply({"params": params}, images, return_aux=True)[1][
+      "pre_logits"]
+
+
+def write_reports(rows: list[dict], failures: dict[str, str], out_dir: str) -> None:
+  os.makedirs(out_dir, exist_ok=True)
+  fields = ["checkpoint", "dataset", "shots", "mean", "std", "l2", "accuracies"]
+  with open(os.path.join(out_dir, "fewshot.csv"), "w", newline="") as f:
+    writer = csv.DictWriter(f, fields)
+    writer.writeheader()
+    writer.writerows(rows)
+  datasets = sorted({r["dataset"] for r in rows})
+  shots = sorted({r["shots"] for r in rows})
+  lines = ["| checkpoint | dataset | " + " | ".join(f"{k}-shot" for k in shots) + " |",
+           "|---|---|" + "---|" * len(shots)]
+  by_key = {(r["checkpoint"], r["dataset"], r["shots"]): r for r in rows}
+  for ckpt in dict.fromkeys(r["checkpoint"] for r in rows):
+    for ds in datasets:
+      cells = [f"{100 * by_key[ckpt, ds, k]['mean']:.2f} ± {100 * by_key[ckpt, ds, k]['std']:.2f}"
+               if (ckpt, ds, k) in by_key else "" for k in shots]
+      lines.append(f"| {ckpt} | {ds} | " + " | ".join(cells) + " |")
+  if failures:
+    lines += ["", "Failed checkpoints:"] + [f"- {c}: {e}" for c, e in failures.items()]
+  with open(os.path.join(out_dir, "fewshot.md"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+  _plot(rows, datasets, os.path.join(out_dir, "fewshot.png"))
+
+
+def _plot(rows: list[dict], datasets: list[str], path: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, max(len(datasets), 1), figsize=(5 * max(len(datasets), 1), 4),
+                           squeeze=False)
+  for ax, ds in zip(axes[0], datasets):
+    for ckpt in dict.fromkeys(r["checkpoint"] for r in rows):
+      pts = sorted((r["shots"], r["mean"], r["std"]) for r in rows
+                   if r["checkpoint"] == ckpt and r["dataset"] == ds)
+      k, m, s = (np.array(v) for v in zip(*pts))
+      ax.errorbar(k, 100 * m, yerr=100 * s, marker="o", capsize=3, label=ckpt)
+    ax.set(xscale="log", xlabel="shots per class", ylabel="accuracy (%)", title=ds)
+    ax.legend(fontsize="small")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def sweep(checkpoints: Sequence[str], model_name: str | None, datasets: Sequence[str],
+          data_dir: str | None, train_split: str, test_split: str, image_size: int,
+          batch_size: int, shots: Sequence[int], seeds: int, l2_regs: Sequence[float],
+          out_dir: str) -> tuple[list[dict], dict[str, str]]:
+  if min(l2_regs) <= 0:
+    raise ValueError(f"--l2 values must be > 0, got {list(l2_regs)}.")
+  batches = fewshot_datasets(datasets, data_dir, train_split, test_split, image_size, batch_size)
+  rows, failures = [], {}
+  for i, path in enumerate(checkpoints):
+    print(f"[{i + 1}/{len(checkpoints)}] {path}", flush=True)
+    try:
+      model, params = load_for_representation(path, model_name, image_size)
+      fn = jax.jit(representation_fn(model))
+      for name, (train, test, num_classes) in batches.items():
+        print(f"  {name}: features ...", flush=True)
+        feats = [fewshot_lib.compute_features(lambda x: fn(params, x), b()) for b in (train, test)]
+        try:
+          results = fewshot_lib.evaluate_dataset(name, *feats, num_classes, shots, seeds, l2_regs)
+        except FloatingPointError as e:
+          raise FloatingPointError(f"{path}: {e}") from None
+        for r in results:
+          rows.append(dict(checkpoint=path, dataset=name, shots=r.shots, mean=r.mean, std=r.std,
+                           l2=r.l2, accuracies=" ".join(f"{a:.4f}" for a in r.accuracies)))
+          print(f"  {name} {r.shots:>3}-shot: {100 * r.mean:.2f} ± {100 * r.std:.2f} "
+                f"(l2={r.l2:g})", flush=True)
+    except Exception as e:  # Report and go on with the next checkpoint.
+      failures[path] = f"{type(e).__name__}: {e}"
+      print(f"  FAILED: {failures[path]}", file=sys.stderr, flush=True)
+      traceback.print_exc(limit=3)
+  write_reports(rows, failures, out_dir)
+  return rows, failures
+
+
+def _ints(s: str) -> list[int]:
+  return [int(v) for v in s.split(",")]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("checkpoints", nargs="+", help=".npz files, orbax step dirs, or globs")
+  p.add_argument("--model", help="architecture of .npz checkpoints, e.g. ViT-B_16 or b16 "
+                 "(default: inferred from the arrays)")
+  p.add_argument("--datasets", required=True, help="comma-separated TFDS names")
+  p.add_argument("--data_dir", default=None)
+  p.add_argument("--train_split", default="train", help="pool the shots are drawn from")
+  p.add_argument("--test_split", default="test")
+  p.add_argument("--image_size", type=int, default=224)
+  p.add_argument("--batch_size", type=int, default=256)
+  p.add_argument("--shots", type=_ints, default=[1, 5, 10, 25])
+  p.add_argument("--seeds", type=int, default=3)
+  p.add_argument("--l2", type=lambda s: [float(v) for v in s.split(",")],
+                 default=list(fewshot_lib.DEFAULT_L2))
+  p.add_argument("--out_dir", default="fewshot_results")
+  args = p.parse_args(argv)
+  paths = []
+  for pattern in args.checkpoints:
+    found = sorted(glob.glob(pattern))
+    paths += found or [pattern]  # A missing path is reported as a failed checkpoint.
+  _, failures = sweep(paths, args.model, args.datasets.split(","), args.data_dir,
+                      args.train_split, args.test_split, args.image_size, args.batch_size,
+                      args.shots, args.seeds, args.l2, args.out_dir)
+  print(f"Wrote {args.out_dir}/fewshot.{{csv,md,png}}", flush=True)
+  return 1 if len(failures) == len(paths) else 0
+
+
+def run() -> None:
+  sys.exit(main())
+
+
+if __name__ == "__main__":
+  run()
