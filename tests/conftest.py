@@ -1,4 +1,5 @@
 """Test set-up: 8 simulated CPU devices, set before jax is first imported."""
+import importlib.util
 import os
 import pathlib
 
@@ -17,3 +18,12 @@ def shared_data() -> pathlib.Path:
   if not (SHARED_DATA / "mnist").is_dir():
     pytest.skip(f"{SHARED_DATA} is missing (only the project's own machines have it)")
   return SHARED_DATA
+
+
+def load_config(spec: str):
+  """A config file's `get_config(arg)`, as `--config path.py:arg` would load it."""
+  path, _, arg = spec.partition(":")
+  module_spec = importlib.util.spec_from_file_location("config_module", REPO / path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()

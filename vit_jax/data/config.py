@@ -32,6 +32,10 @@ def get_data_config() -> ml_collections.ConfigDict:
   c.shuffle_buffer = 50_000  # Only for splits streamed from disk.
   c.cache = True  # Keep a process's split in memory if it fits in cache_max_mb.
   c.cache_max_mb = 2048
+  # Training streams: each shuffles its own part of the split and fills an equal part
+  # of every global batch. Fixed, they make the batches independent of the number of
+  # processes (which must divide it); 0: one per process.
+  c.num_shards = 0
   c.threads = 0  # tf.data threadpool size; 0: half the CPU cores.
   c.prefetch = 2  # Batches prepared ahead of the training step.
   c.on_bad_image = "fail"  # Image folders: 'fail' or 'skip' undecodable files.
@@ -62,7 +66,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
       _fail(field, cfg[field], "must be a non-empty string")
   for field, minimum in (("image_size", 1), ("crop_padding", 0),
                          ("shuffle_buffer", 1), ("cache_max_mb", 0),
-                         ("threads", 0), ("prefetch", 0)):
+                         ("threads", 0), ("prefetch", 0), ("num_shards", 0)):
     value = cfg[field]
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
       _fail(field, value, f"must be an integer >= {minimum}")

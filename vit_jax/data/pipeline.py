@@ -281,10 +281,19 @@ def train_iterator(cfg: ml_collections.ConfigDict, *, global_batch_size: int,
   """
   if start_step < 0:
     raise ValueError(f"start_step={start_step} must be >= 0.")
-  ds = _train_dataset(
-      cfg, local_batch=_local_batch_size(global_batch_size, sharding),
-      seed=seed, start_step=start_step, process_index=jax.process_index(),
-      process_count=jax.process_count())
+  num_shards = cfg.num_shards or jax.process_count()
+  local_batch = _local_batch_size(global_batch_size, sharding)
+  per_process, rest = divmod(num_shards, jax.process_count())
+  if rest or local_batch % per_process:
+    raise ValueError(
+        f"data.num_shards={num_shards} must be a multiple of the {jax.process_count()} "
+        f"processes and divide the per-process batch {local_batch}.")
+  streams = [_train_dataset(
+      cfg, local_batch=local_batch // per_process, seed=seed, start_step=start_step,
+      process_index=jax.process_index() * per_process + j, process_count=num_shards)
+             for j in range(per_process)]
+  ds = streams[0] if per_process == 1 else tf.data.Dataset.zip(tuple(streams)).map(
+      lambda *parts: {k: tf.concat([p[k] for p in parts], 0) for k in parts[0]})
   return _global_batches(ds, sharding)
 
 

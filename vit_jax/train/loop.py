@@ -14,8 +14,9 @@ from clu import metric_writers, periodic_actions
 from etils import epath
 from jax.experimental import multihost_utils
 
-from vit_jax import checkpoint, data, models
+from vit_jax import checkpoint, data, fewshot, models
 from vit_jax.evaluators.classification import ClassificationEvaluator
+from vit_jax.evaluators.fewshot import FewShotEvaluator
 from vit_jax.train import config as config_lib
 from vit_jax.train import optimizers, sharding, trainer
 
@@ -118,6 +119,15 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   evaluator = ClassificationEvaluator(
       predict, lambda: data.eval_iterator(c.data, global_batch_size=micro_batch,
                                           sharding=sharding.batch_sharding(mesh)), c.loss)
+  evaluators = {"eval": evaluator}
+  if c.fewshot.datasets:
+    f = c.fewshot
+    evaluators["fewshot"] = FewShotEvaluator(
+        lambda params, images: model.apply({"params": params}, images, return_aux=True)[1][
+            "pre_logits"],
+        fewshot.fewshot_datasets(f.datasets, f.data_dir, f.train_split, f.test_split,
+                                 c.data.image_size, micro_batch),
+        f.shots, f.seeds, f.l2)
   writer = metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
   if start == 0:
     writer.write_hparams({k: str(v) for k, v in c.to_dict().items()})
@@ -154,14 +164,16 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir: str) -> dict[str, 
             "img_per_sec": len(train_metrics) * micro_batch / elapsed})
         train_metrics, t0 = [], time.time()
       if step == loop_steps or (c.eval_every_steps and step % c.eval_every_steps == 0):
-        with progress.timed("eval"):
-          eval_metrics = evaluator.run(state["params"])
-        writer.write_scalars(step, {f"eval_{k}": v for k, v in eval_metrics.items()})
+        for prefix, ev in evaluators.items():
+          with progress.timed(prefix):
+            metrics = ev.run(state["params"])
+          writer.write_scalars(step, {f"{prefix}_{k}": v for k, v in metrics.items()})
+          eval_metrics |= {k if prefix == "eval" else f"{prefix}_{k}": v for k, v in metrics.items()}
         t0 = time.time()
-      if step % c.checkpoint_every_steps == 0 or step == loop_steps:
+      preempted = preemption.reached(step)
+      if step % c.checkpoint_every_steps == 0 or step == loop_steps or preempted:
         save(step)
-      if preemption.reached(step):
-        save(step)
+      if preempted:
         logging.warning("Preempted: saved step %d to %s; rerun the same command to resume.",
                         step, workdir)
         break

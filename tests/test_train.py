@@ -1,0 +1,210 @@
+"""The training job end to end on real data: learning, resuming, sharding, processes, errors."""
+import glob
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from vit_jax.train import config as config_lib
+from vit_jax.train import loop
+from conftest import REPO, SHARED_DATA, load_config
+
+DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
+
+
+@pytest.fixture(scope="session")
+def dataset(tmp_path_factory):
+  """(name, data_dir) of a real dataset: MNIST from ../shared/data, else Fashion-MNIST."""
+  if (SHARED_DATA / "mnist").is_dir():
+    return "mnist", str(SHARED_DATA)
+  if os.path.isdir(DEBIAN_FASHION_MNIST):
+    from vit_jax import data
+    data_dir = str(tmp_path_factory.mktemp("tfds"))
+    data.prepare_fashion_mnist(data_dir)
+    return "fashion_mnist", data_dir
+  pytest.skip("no real dataset: ../shared/data is missing and dataset-fashion-mnist is not installed")
+
+
+def tiny_config(dataset, **overrides):
+  """tests/tiny_config.py on `dataset`, with dotted-key overrides."""
+  c = load_config("tests/tiny_config.py")
+  c.data.name, c.data.data_dir = dataset
+  for k, v in overrides.items():
+    target = c
+    *parents, leaf = k.split(".")
+    for p in parents:
+      target = target[p]
+    target[leaf] = v
+  return c
+
+
+def read_scalars(workdir, tag: str, newest_file_only: bool = False) -> dict[int, float]:
+  files = sorted(glob.glob(os.path.join(workdir, "events.out.tfevents.*")), key=os.path.getmtime)
+  values = {}
+  for f in files[-1:] if newest_file_only else files:
+    for event in tf.compat.v1.train.summary_iterator(f):
+      for v in event.summary.value:
+        if v.tag == tag:
+          values[event.step] = float(tf.make_ndarray(v.tensor))
+  return values
+
+
+def cli(workdir, dataset, *extra):
+  name, data_dir = dataset
+  return [sys.executable, "-m", "vit_jax.main", "--config", str(REPO / "tests" / "tiny_config.py"),
+          "--workdir", str(workdir), f"--config.data.name={name}",
+          f"--config.data.data_dir={data_dir}", *extra]
+
+
+def run_cli(args, devices: int = 1, **kw):
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+             JAX_PLATFORMS="cpu")
+  return subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True, timeout=600, **kw)
+
+
+@pytest.mark.slow
+def test_loss_goes_down_and_eval_counts_every_example(tmp_path, dataset):
+  c = tiny_config(dataset, total_steps=150, **{
+      "data.eval_split": "test[:1000]", "fewshot.datasets": (dataset[0],),
+      "fewshot.data_dir": dataset[1], "fewshot.train_split": "train[:1000]",
+      "fewshot.test_split": "test[:500]", "fewshot.shots": (1, 10), "fewshot.seeds": 2})
+  metrics = loop.train_and_evaluate(c, str(tmp_path))
+  name = dataset[0]
+  assert metrics[f"fewshot_{name}_1shot"] < metrics[f"fewshot_{name}_10shot"]
+  assert 150 in read_scalars(tmp_path, f"fewshot_{name}_10shot")  # Written to TensorBoard too.
+  losses = read_scalars(tmp_path, "train_loss")
+  assert len(losses) == 150
+  first, last = (np.mean([losses[s] for s in steps]) for steps in (range(1, 6), range(141, 151)))
+  assert last < 0.75 * first, (first, last)
+  assert metrics["num_examples"] == 1000
+  assert metrics["accuracy"] > 0.5
+  assert os.path.isdir(tmp_path / "checkpoints" / "150")
+
+
+def test_mesh_layouts_give_the_same_losses(tmp_path, dataset):
+  """8 devices as data-parallel, fully sharded (fsdp) and mixed give the same losses."""
+  runs = {}
+  for data, fsdp in ((8, 1), (1, 8), (2, 4)):
+    workdir = tmp_path / f"{data}x{fsdp}"
+    loop.train_and_evaluate(tiny_config(dataset, total_steps=6, **{"mesh.data": data, "mesh.fsdp": fsdp}),
+                            str(workdir))
+    runs[(data, fsdp)] = read_scalars(workdir, "train_loss")
+  for layout, losses in runs.items():
+    np.testing.assert_allclose(list(losses.values()), list(runs[(8, 1)].values()), atol=1e-5,
+                               err_msg=str(layout))
+
+
+@pytest.mark.slow
+def test_one_device_matches_eight(tmp_path, dataset):
+  eight = tmp_path / "eight"
+  loop.train_and_evaluate(tiny_config(dataset, total_steps=6), str(eight))
+  one = run_cli(cli(tmp_path / "one", dataset, "--config.total_steps=6"), devices=1)
+  assert one.returncode == 0, one.stderr[-3000:]
+  np.testing.assert_allclose(list(read_scalars(tmp_path / "one", "train_loss").values()),
+                             list(read_scalars(eight, "train_loss").values()), atol=1e-5)
+
+
+def _wait_for(path, proc, timeout=300):
+  t0 = time.time()
+  while not os.path.isdir(path):
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    assert time.time() - t0 < timeout, f"{path} never appeared"
+    time.sleep(0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_killed_run_resumes_to_the_same_losses(tmp_path, dataset, sig):
+  full = run_cli(cli(tmp_path / "full", dataset, "--config.total_steps=40"))
+  assert full.returncode == 0, full.stderr[-3000:]
+  expected = read_scalars(tmp_path / "full", "train_loss")
+
+  workdir = tmp_path / "killed"
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+  proc = subprocess.Popen(cli(workdir, dataset, "--config.total_steps=40"), env=env, cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  _wait_for(workdir / "checkpoints" / "8", proc)
+  proc.send_signal(sig)
+  _, stderr = proc.communicate(timeout=120)
+  if sig == signal.SIGTERM:
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "Preempted: saved step" in stderr
+  resumed = run_cli(cli(workdir, dataset, "--config.total_steps=40"))
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "Resumed from" in resumed.stderr
+  after = read_scalars(workdir, "train_loss", newest_file_only=True)
+  assert after and min(after) > 8 and max(after) == 40
+  np.testing.assert_array_equal([after[s] for s in sorted(after)], [expected[s] for s in sorted(after)])
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_match_one(tmp_path, dataset):
+  # Two data shards in both runs: the global batches do not depend on the process count.
+  shards = "--config.data.num_shards=2"
+  single = run_cli(cli(tmp_path / "single", dataset, "--config.total_steps=6", shards), devices=2)
+  assert single.returncode == 0, single.stderr[-3000:]
+  port = _free_port()
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+  procs = [subprocess.Popen(
+      cli(tmp_path / "multi", dataset, "--config.total_steps=6", shards,
+          f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"),
+      env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      for i in range(2)]
+  outs = [p.communicate(timeout=600) for p in procs]
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-3000:]
+  assert "process 1 of 2" in outs[1][1]
+  np.testing.assert_allclose(list(read_scalars(tmp_path / "multi", "train_loss").values()),
+                             list(read_scalars(tmp_path / "single", "train_loss").values()), atol=1e-5)
+
+
+def test_nonfinite_loss_stops_naming_the_step_and_keeps_good_checkpoints(tmp_path, dataset):
+  c = tiny_config(dataset, total_steps=40, checkpoint_every_steps=2, **{"optimizer.lr": 1e6,
+                                                                          "optimizer.grad_clip_norm": 0.0})
+  with pytest.raises(loop.NonFiniteLossError, match=r"NaN/inf at step \d+.*last good checkpoint"):
+    loop.train_and_evaluate(c, str(tmp_path))
+  import orbax.checkpoint as ocp
+  steps = ocp.CheckpointManager(tmp_path / "checkpoints").all_steps()
+  for step in steps:
+    restored = ocp.CheckpointManager(tmp_path / "checkpoints", item_names=("state", "meta")).restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(restored["params"]))
+
+
+def test_workdir_of_another_model_refuses_to_resume(tmp_path, dataset):
+  loop.train_and_evaluate(tiny_config(dataset, total_steps=4), str(tmp_path))
+  other = tiny_config(dataset, total_steps=8, **{"model.hidden_size": 48})
+  with pytest.raises(ValueError, match="holds a checkpoint of a different model"):
+    loop.train_and_evaluate(other, str(tmp_path))
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("model_name", "ViT-Q_16", "config.model_name='ViT-Q_16': unknown model"),
+    ("total_epochs", 1.0, "set exactly one of total_steps / total_epochs"),
+    ("optimizer.name", "adamx", "config.optimizer.name='adamx': expected one of"),
+    ("accum_steps", 5, "config.accum_steps=5: must be >= 1 and divide batch_size=32"),
+    ("data.train_crop", "foo", "data.train_crop='foo' is not one of"),
+])
+def test_bad_config_names_the_field(field, value, message):
+  c = tiny_config(("mnist", None), **{field: value})
+  with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    config_lib.validate(c)
+
+
+def test_unknown_cli_field_fails_before_compiling(tmp_path):
+  result = run_cli(cli(tmp_path, ("mnist", "/nonexistent"), "--config.batch_sise=3"))
+  assert result.returncode != 0
+  assert "batch_sise" in result.stderr
