@@ -25,6 +25,10 @@ EXTRAS = {
     "test": [
         "pytest",
         "scikit-learn",
+        # The notebooks are executed in the tests.
+        "nbclient",
+        "nbformat",
+        "ipykernel",
         # pip takes these two from this machine's disk; a CPU-only torch alone breaks torchvision.
         "torch==2.14.1",
         "torchvision==0.29.1",

@@ -1,0 +1,63 @@
+"""What the launch scripts share: checks made before anything starts, and the
+printing (--dry-run) or running of the commands."""
+import argparse
+import ast
+import pathlib
+import shlex
+import subprocess
+import sys
+from typing import Callable, Sequence
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+class LaunchError(ValueError):
+  """A bad argument, found before anything was created or started."""
+
+
+def check_config(spec: str) -> tuple[pathlib.Path, str]:
+  """`path.py[:arg]` -> (absolute path, ':arg' or ''), once the file is known to be a config."""
+  path, sep, arg = spec.partition(":")
+  file = pathlib.Path(path).expanduser()
+  if not file.is_file():
+    raise LaunchError(f"--config {spec}: no file {path} (relative to {pathlib.Path.cwd()}); "
+                      "give a config file such as configs/finetune.py:b16,cifar10.")
+  try:
+    tree = ast.parse(file.read_text(), str(file))
+  except (SyntaxError, UnicodeDecodeError) as e:
+    raise LaunchError(f"--config {spec}: {path} is not a readable Python file: {e}") from None
+  if not any(isinstance(n, ast.FunctionDef) and n.name == "get_config" for n in tree.body):
+    raise LaunchError(f"--config {spec}: {path} defines no get_config(arg), so it is not a "
+                      "config file.")
+  return file.resolve(), sep + arg
+
+
+def add_common_flags(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("--dry-run", action="store_true",
+                      help="print the commands, one per line, instead of running them")
+
+
+def add_overrides(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("overrides", nargs="*", metavar="-- --config.FIELD=VALUE",
+                      help="after `--`: more flags for vit_jax.main, e.g. --config.batch_size=64")
+
+
+def execute(commands: Sequence[Sequence[str]], dry_run: bool) -> None:
+  """Prints each command (shell-quoted); unless dry_run, runs it and stops at a failure."""
+  for cmd in commands:
+    print(shlex.join(cmd) if dry_run else "+ " + shlex.join(cmd), flush=True)
+    if not dry_run:
+      subprocess.run(cmd, check=True)
+
+
+def main(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
+         handler: Callable[[argparse.Namespace], int | None]) -> int:
+  """Parses argv and runs handler; a LaunchError becomes a usage error (exit 2)."""
+  args = parser.parse_args(argv)
+  try:
+    return handler(args) or 0
+  except LaunchError as e:
+    parser.error(str(e))
+  except subprocess.CalledProcessError as e:
+    print(f"error: {shlex.join(e.cmd)} exited with code {e.returncode}", file=sys.stderr)
+    return e.returncode

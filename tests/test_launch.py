@@ -1,0 +1,225 @@
+"""launch/: the commands printed for Cloud TPU VMs and GPU clusters, refusals before anything
+is created, and a real two-process training job on localhost."""
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, SHARED_DATA
+from launch import tpu_vm
+
+TINY_CONFIG = str(REPO / "tests" / "tiny_config.py")
+
+
+def launch(script: str, *args: str, env: dict | None = None, timeout: int = 60):
+  return subprocess.run([sys.executable, str(REPO / "launch" / script), *args], cwd=REPO,
+                        env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def dry_run(script: str, *args: str) -> list[list[str]]:
+  """The printed commands, each split as a shell would."""
+  command, *rest = args
+  result = launch(script, command, "--dry-run", *rest)
+  assert result.returncode == 0, result.stderr
+  return [shlex.split(line) for line in result.stdout.splitlines()]
+
+
+def flag(cmd: list[str], name: str) -> str:
+  """The value of `--name VALUE` or `--name=VALUE` in cmd."""
+  for i, arg in enumerate(cmd):
+    if arg == name:
+      return cmd[i + 1]
+    if arg.startswith(name + "="):
+      return arg.split("=", 1)[1]
+  raise AssertionError(f"{name} not in {cmd}")
+
+
+def tpu_up(accelerator_type: str, zone: str, workdir: str, *extra: str) -> list[list[str]]:
+  return dry_run("tpu_vm.py", "up", "--name", "vit", "--zone", zone, "--accelerator-type",
+                 accelerator_type, "--config", "configs/finetune.py:b16,cifar10",
+                 "--workdir", workdir, *extra)
+
+
+def test_single_host_tpu():
+  create, mkdir, copy, install, copy_config, run = tpu_up("v4-8", "us-central2-b", "runs/b16")
+  assert create == ["gcloud", "compute", "tpus", "tpu-vm", "create", "vit",
+                    "--accelerator-type=v4-8", "--version=tpu-ubuntu2204-base",
+                    "--zone=us-central2-b"]
+  assert all("--worker=all" not in cmd for cmd in (mkdir, copy, install, copy_config, run))
+  assert copy[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "scp", "--recurse"]
+  assert f"{REPO}/vit_jax" in copy and "vit:vit_jax/" in copy
+  assert "./vit_jax[tpu]" in flag(install, "--command")
+  assert copy_config[5:7] == [f"{REPO}/configs/finetune.py", "vit:vit_jax/run_configs/"]
+  remote = shlex.split(flag(run, "--command"))
+  assert remote[:2] == ["cd", "vit_jax"]
+  train = remote[remote.index(".venv/bin/python"):remote.index(">")]
+  assert train == [".venv/bin/python", "-m", "vit_jax.main", "--config",
+                   "run_configs/finetune.py:b16,cifar10", "--workdir", "runs/b16"]
+
+
+def test_pod_slice_runs_on_every_worker():
+  commands = tpu_up("v4-32", "us-central2-b", "gs://bucket/b16", "--", "--config.batch_size=1024")
+  create, *on_workers = commands
+  assert "--accelerator-type=v4-32" in create
+  assert all("--worker=all" in cmd for cmd in on_workers)
+  remote = shlex.split(flag(on_workers[-1], "--command"))
+  train = remote[remote.index(".venv/bin/python"):remote.index(">")]
+  assert train[-4:] == ["--workdir", "gs://bucket/b16", "--distributed", "--config.batch_size=1024"]
+  assert remote[remote.index(">"):] == [">", "logs/train.log", "2>&1", "<", "/dev/null", "&"]
+
+
+@pytest.mark.parametrize("accelerator_type,zone,version,hosts", [
+    ("v2-8", "us-central1-b", "tpu-ubuntu2204-base", 1),
+    ("v3-32", "europe-west4-a", "tpu-ubuntu2204-base", 4),
+    ("v4-16", "us-central2-b", "tpu-ubuntu2204-base", 2),
+    ("v5litepod-8", "us-west4-a", "v2-alpha-tpuv5-lite", 1),
+    ("v5litepod-16", "us-west4-a", "v2-alpha-tpuv5-lite", 4),
+    ("v5p-128", "us-east5-a", "v2-alpha-tpuv5", 16),
+    ("v6e-8", "us-east1-d", "v2-alpha-tpuv6e", 1),
+    ("v6e-256", "europe-west4-a", "v2-alpha-tpuv6e", 64),
+])
+def test_slice_table(accelerator_type, zone, version, hosts):
+  tpu = tpu_vm.resolve_slice(accelerator_type, zone)
+  assert (tpu.version, tpu.hosts) == (version, hosts)
+
+
+def test_logs_and_delete():
+  (logs,) = dry_run("tpu_vm.py", "logs", "--name", "vit", "--zone", "us-central2-b")
+  assert logs[4:7] == ["ssh", "vit", "--worker=0"]
+  assert flag(logs, "--command") == "tail -n 100 -F vit_jax/logs/train.log"
+  (delete,) = dry_run("tpu_vm.py", "delete", "--name", "vit", "--zone", "us-central2-b",
+                      "--project", "p")
+  assert delete == ["gcloud", "compute", "tpus", "tpu-vm", "delete", "vit", "--quiet",
+                    "--zone=us-central2-b", "--project=p"]
+
+
+def test_unlisted_types_and_zones_need_the_override():
+  args = ["create", "--name", "vit", "--zone", "us-central9-z", "--accelerator-type", "v9-8"]
+  assert launch("tpu_vm.py", *args, "--dry-run").returncode == 2
+  (create,) = dry_run("tpu_vm.py", *args, "--allow-unlisted", "--version", "v2-alpha-tpuv9")
+  assert "--accelerator-type=v9-8" in create and "--version=v2-alpha-tpuv9" in create
+
+
+@pytest.fixture
+def fake_gcloud(tmp_path):
+  """A `gcloud` first on PATH that records its arguments: what would reach Google Cloud."""
+  log = tmp_path / "gcloud.log"
+  script = tmp_path / "bin" / "gcloud"
+  script.parent.mkdir()
+  script.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {log}\n')
+  script.chmod(0o755)
+  return dict(os.environ, PATH=f"{script.parent}:{os.environ['PATH']}"), log
+
+
+def test_commands_run_are_those_printed(fake_gcloud):
+  env, log = fake_gcloud
+  args = ["create", "--name", "vit", "--zone", "us-central2-b", "--accelerator-type", "v4-32"]
+  result = launch("tpu_vm.py", *args, env=env)
+  assert result.returncode == 0, result.stderr
+  assert [" ".join(c[1:]) for c in dry_run("tpu_vm.py", *args)] == log.read_text().splitlines()
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"--zone": "us-central1-a"}, "'us-central1-a' offers no v4 TPUs; v4 zones: us-central2-b"),
+    ({"--zone": "mars-north1-a"}, "offers no v4 TPUs"),
+    ({"--accelerator-type": "v4-12"}, "--accelerator-type 'v4-12' is not a known Cloud TPU type"),
+    ({"--accelerator-type": "tpu-8"}, "Known: v2-{8,32,128,256,512}"),
+    ({"--config": "configs/nonexistent.py:b16"}, "no file configs/nonexistent.py"),
+    ({"--config": "README.md"}, "README.md is not a readable Python file"),
+    ({"--config": "vit_jax/main.py"}, "defines no get_config(arg)"),
+    ({"--workdir": "/tmp/vit"}, "the workers of a pod slice share no disk"),
+])
+def test_bad_arguments_stop_before_anything_is_created(fake_gcloud, change, message):
+  env, log = fake_gcloud
+  args = {"--name": "vit", "--zone": "us-central2-b", "--accelerator-type": "v4-32",
+          "--config": "configs/finetune.py:b16,cifar10", "--workdir": "gs://bucket/b16", **change}
+  result = launch("tpu_vm.py", "up", *[x for kv in args.items() for x in kv], env=env)
+  assert result.returncode == 2
+  assert message in result.stderr
+  assert not log.exists() and not result.stdout
+
+
+def test_slurm():
+  (srun,) = dry_run("multihost.py", "slurm", "--nodes", "2", "--gpus-per-node", "8",
+                    "--partition", "gpu", "--env", "NCCL_DEBUG=WARN", "--config",
+                    "configs/finetune.py:b16,cifar10", "--workdir", "/shared/b16",
+                    "--", "--config.batch_size=1024")
+  python = srun.index(sys.executable)
+  assert srun[:python] == [
+      "srun", "--nodes=2", "--ntasks-per-node=8", "--gpus-per-node=8", "--gpu-bind=none",
+      "--kill-on-bad-exit=1", "--partition=gpu", "--job-name=vit_jax",
+      "--export=ALL,NCCL_DEBUG=WARN", f"--chdir={REPO}"]
+  assert srun[python + 1:] == [
+      "-m", "vit_jax.main", "--config", f"{REPO}/configs/finetune.py:b16,cifar10",
+      "--workdir", "/shared/b16", "--distributed", "--config.batch_size=1024"]
+
+
+def test_host_list_over_ssh():
+  commands = dry_run("multihost.py", "hosts", "--hosts", "gpu0,gpu1", "--port", "1234",
+                     "--remote-repo", "/home/me/vit", "--env", "NCCL_DEBUG=WARN", "--config",
+                     "configs/finetune.py:b16,cifar10", "--workdir", "/shared/b16")
+  assert len(commands) == 2
+  for i, (cmd, host) in enumerate(zip(commands, ("gpu0", "gpu1"))):
+    assert cmd[:4] == ["ssh", "-o", "BatchMode=yes", host]
+    remote = shlex.split(cmd[4])
+    assert remote[:4] == ["cd", "/home/me/vit", "&&", "env"]
+    assert remote[4:] == [
+        "NCCL_DEBUG=WARN", sys.executable, "-m", "vit_jax.main", "--config",
+        "/home/me/vit/configs/finetune.py:b16,cifar10", "--workdir", "/shared/b16",
+        "--coordinator_address=gpu0:1234", "--num_processes=2", f"--process_id={i}"]
+
+
+def test_localhost_runs_here_with_a_loopback_coordinator():
+  commands = dry_run("multihost.py", "hosts", "--hosts", "localhost,localhost", "--config",
+                     TINY_CONFIG, "--workdir", "/tmp/w")
+  assert [c[:3] for c in commands] == [[sys.executable, "-m", "vit_jax.main"]] * 2
+  assert all("--coordinator_address=127.0.0.1:29500" in c for c in commands)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--hosts", "a,b", "--config", "configs/nope.py"], "no file configs/nope.py"),
+    (["--hosts", "a,b", "--env", "NCCL_DEBUG"], "--env 'NCCL_DEBUG': expected NAME=VALUE"),
+    (["--hosts", "localhost,gpu1"], "the remote hosts cannot reach host 0 as localhost"),
+    (["--hosts", ","], "--hosts is empty"),
+])
+def test_host_list_refusals(args, message):
+  base = {"--config": TINY_CONFIG, "--workdir": "/tmp/w"}
+  result = launch("multihost.py", "hosts", *[x for k, v in base.items() if k not in args
+                                             for x in (k, v)], *args)
+  assert result.returncode == 2
+  assert message in result.stderr and not result.stdout
+
+
+def test_a_failing_process_fails_the_launch(tmp_path):
+  result = launch("multihost.py", "hosts", "--hosts", "localhost,localhost", "--config",
+                  TINY_CONFIG, "--workdir", str(tmp_path), "--env", "JAX_PLATFORMS=cpu", "--",
+                  "--config.batch_sise=3", timeout=300)
+  assert result.returncode == 1
+  # The first to fail is reported; the other either fails too or is stopped (SIGTERM).
+  exits = re.findall(r"\[launch\] process (\d) exited with code (-?\d+)", result.stdout)
+  assert sorted(i for i, _ in exits) == ["0", "1"] and exits[0][1] == "1"
+  assert {code for _, code in exits} <= {"1", "-15"}
+  assert "batch_sise" in result.stdout
+
+
+@pytest.mark.slow
+def test_two_local_processes_train_to_the_end(tmp_path):
+  if not (SHARED_DATA / "mnist").is_dir():
+    pytest.skip(f"{SHARED_DATA} is missing (only the project's own machines have it)")
+  import socket
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  result = launch(
+      "multihost.py", "hosts", "--hosts", "localhost,localhost", "--port", str(port),
+      "--config", TINY_CONFIG, "--workdir", str(tmp_path), "--env", "JAX_PLATFORMS=cpu",
+      "--env", "XLA_FLAGS=--xla_force_host_platform_device_count=1", "--",
+      "--config.data.name=mnist", f"--config.data.data_dir={SHARED_DATA}", timeout=600)
+  assert result.returncode == 0, result.stdout[-3000:]
+  for i in range(2):
+    assert f"[launch] process {i} exited with code 0" in result.stdout
+  assert "process 1 of 2" in result.stdout
+  assert (tmp_path / "checkpoints" / "12").is_dir()

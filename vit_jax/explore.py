@@ -1,0 +1,262 @@
+"""What notebooks/explore_checkpoint.ipynb computes: a checkpoint and images in, top-k labels,
+attention maps (rollout and per head), position-embedding similarity and the principal
+components of the patch-embedding filters out (as in figures 6 and 7 of the ViT paper).
+"""
+import dataclasses
+import glob
+import json
+import math
+import os
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tensorflow as tf
+from etils import epath
+
+from vit_jax import checkpoint, export, models
+from vit_jax.data import preprocess as pp
+from vit_jax.data import sources
+
+DEFAULT_IMAGE_SIZE = 224  # For models without a learned position embedding to read it from.
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
+
+
+@dataclasses.dataclass
+class Checkpoint:
+  model: models.VisionTransformer
+  params: dict[str, Any]
+  image_size: int
+  source: str
+
+  @property
+  def grid(self) -> tuple[int, int]:
+    side = self.image_size // self.model.stride
+    return side, side
+
+  @property
+  def has_class_token(self) -> bool:
+    return self.model.classifier == "token"
+
+  def summary(self) -> str:
+    n = sum(np.size(x) for x in jax.tree.leaves(self.params))
+    return (f"{self.model.name_in_registry} from {self.source}: {n:,} parameters, "
+            f"{self.model.num_classes or 'no'} classes, {self.image_size}px input, "
+            f"{self.grid[0]}x{self.grid[1]} patches of {self.model.stride}px, "
+            f"classifier={self.model.classifier!r}")
+
+
+# Fields a model name fixes; the others (head, classifier, position embedding) are read
+# from a released-layout checkpoint itself.
+_ARCHITECTURE = ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers",
+                 "resnet_layers", "resnet_width_factor")
+
+
+def _npz_model(flat: dict[str, np.ndarray], model_name: str,
+               overrides: dict[str, Any]) -> dict[str, Any]:
+  """The model fields for a released-layout checkpoint said to hold `model_name`."""
+  fields = models.model_config(model_name)  # Raises, listing the known names.
+  named = lambda k: fields.get(k, models.VisionTransformer.__dataclass_fields__[k].default)
+  found = checkpoint.infer_model_config(flat)
+  wrong = {k: v for k, v in found.items()
+           if k in _ARCHITECTURE and k not in overrides and named(k) != v}
+  if wrong:
+    raise checkpoint.CheckpointError(
+        f"The checkpoint is not a {model_name}: it has "
+        + ", ".join(f"{k}={v} ({model_name}: {named(k)})" for k, v in wrong.items())
+        + f". Name the right model, or pass these as overrides: {json.dumps(wrong)}.")
+  fields.update({k: v for k, v in found.items() if k not in _ARCHITECTURE})
+  fields["num_classes"] = flat["head/kernel"].shape[-1] if "head/kernel" in flat else None
+  return fields
+
+
+def load_checkpoint(path: str, model_name: str | None = None, image_size: int | None = None,
+                    **overrides: Any) -> Checkpoint:
+  """Loads a released / exported .npz said to hold `model_name`, or an orbax checkpoint of
+  this project (a workdir or one step dir; its model comes from its metadata).
+
+  `overrides` are VisionTransformer fields (e.g. patch_size for a custom model). The head,
+  pre-logits, classifier and position embedding are read from the checkpoint. `image_size`
+  defaults to the size the position embedding was trained at.
+  """
+  if not epath.Path(path).exists():
+    raise FileNotFoundError(f"No checkpoint at {path}.")
+  if epath.Path(path).is_dir():
+    step_dir = export.latest_step_dir(path)
+    flat, meta = checkpoint.load_orbax_params(str(step_dir))
+    if model_name and model_name != meta["model_name"]:
+      raise ValueError(f"{path} holds a {meta['model_name']}, not a {model_name}: pass "
+                       f"model_name={meta['model_name']!r} (or None).")
+    model_name = meta["model_name"]
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in meta["model"].items()}
+    fields["num_classes"] = meta["num_classes"]
+    source = str(step_dir)
+  else:
+    if not model_name:
+      raise ValueError(f"{path}: give the model name (one of {', '.join(models.MODEL_CONFIGS)}).")
+    flat = checkpoint.load_npz_flat(path)
+    fields = _npz_model(flat, model_name, overrides)
+    source = str(path)
+  fields.update(overrides)
+  num_classes = fields.pop("num_classes")
+  model = models.create_model(model_name, num_classes=num_classes, **fields)
+  if image_size is None:
+    image_size = DEFAULT_IMAGE_SIZE
+    if checkpoint.POSEMB_KEY in flat:
+      tokens = flat[checkpoint.POSEMB_KEY].shape[1] - (model.classifier == "token")
+      image_size = math.isqrt(tokens) * model.stride
+  abstract = jax.eval_shape(model.init, jax.random.key(0),
+                            jnp.zeros((1, image_size, image_size, 3)))["params"]
+  params = checkpoint.fit_to_target(flat, abstract)
+  return Checkpoint(model, params, image_size, source)
+
+
+def load_images(source: str, split: str = "test", data_dir: str | None = None,
+                limit: int = 8, download: bool = False
+                ) -> tuple[list[np.ndarray], list[str], tuple[str, ...] | None]:
+  """Up to `limit` images as uint8 (H, W, C), their captions and the dataset's class names.
+
+  `source`: a glob of image files (captions: file names), or what config.data.name takes,
+  a TFDS dataset or an image folder (captions: the true labels, from `split`).
+  """
+  files = sorted(f for f in glob.glob(os.path.expanduser(source)) if os.path.isfile(f))
+  if files:
+    files = files[:limit]
+    images = [pp.decode(tf.io.read_file(f), 3).numpy() for f in files]
+    return images, [os.path.basename(f) for f in files], None
+  if any(c in source for c in "*?[") or source.lower().endswith(IMAGE_SUFFIXES):
+    raise FileNotFoundError(f"No image files match {source!r}.")
+  src = sources.get_source(source, data_dir, download, "skip")
+  images, captions = [], []
+  for ex in src.read(split, 0, 1).take(limit).as_numpy_iterator():
+    images.append(pp.decode(ex["image"], src.channels).numpy())
+    captions.append(src.class_names[ex["label"]])
+  if not images:
+    raise ValueError(f"No images in split {split!r} of {source}.")
+  return images, captions, src.class_names
+
+
+def preprocess(images: Sequence[np.ndarray], image_size: int,
+               value_range: tuple[float, float] = (-1.0, 1.0)) -> np.ndarray:
+  """As the evaluation pipeline: resize, grayscale to RGB, scale to `value_range`."""
+  return np.stack([pp.gray_to_rgb(pp.value_range(pp.resize(tf.constant(im), image_size),
+                                                 *value_range)).numpy() for im in images])
+
+
+def predict(ckpt: Checkpoint, batch: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+  """(logits (B, classes), attention weights: per layer (B, heads, tokens, tokens))."""
+  logits, aux = jax.jit(lambda params, x: ckpt.model.apply(
+      {"params": params}, x, return_attention=True))(ckpt.params, batch)
+  return np.asarray(logits), [np.asarray(a) for a in aux["attention"]]
+
+
+def label_names(num_classes: int, labels_file: str | None = None,
+                dataset_names: Sequence[str] | None = None) -> list[str]:
+  """Class names from a file (one per line), else the dataset's if the counts agree."""
+  if labels_file:
+    names = epath.Path(labels_file).read_text().splitlines()
+    if len(names) != num_classes:
+      raise ValueError(f"{labels_file} names {len(names)} classes; the model has {num_classes}.")
+    return names
+  if dataset_names is not None and len(dataset_names) == num_classes:
+    return list(dataset_names)
+  return [f"class {i}" for i in range(num_classes)]
+
+
+def top_k(logits: np.ndarray, names: Sequence[str], k: int = 5,
+          sigmoid: bool = False) -> list[list[tuple[str, float]]]:
+  """Per image, the k most likely (name, probability); sigmoid for models trained with
+  sigmoid cross-entropy (the ImageNet-21k checkpoints), else softmax."""
+  probs = np.asarray(jax.nn.sigmoid(logits) if sigmoid else jax.nn.softmax(logits, axis=-1))
+  order = np.argsort(-probs, axis=-1)[:, :k]
+  return [[(names[j], float(p[j])) for j in row] for p, row in zip(probs, order)]
+
+
+def attention_rollout(attention: Sequence[np.ndarray]) -> np.ndarray:
+  """Attention rollout (Abnar & Zuidema, 2020): per layer, average the heads, add the
+  identity for the residual path and renormalise the rows; multiply through the layers.
+
+  attention: per layer (B, heads, T, T). Returns (B, T, T), each row a distribution over
+  the input tokens.
+  """
+  rollout = None
+  for a in attention:
+    a = np.asarray(a, np.float64).mean(axis=1)
+    a = a + np.eye(a.shape[-1])
+    a = a / a.sum(axis=-1, keepdims=True)
+    rollout = a if rollout is None else a @ rollout
+  return rollout
+
+
+def token_maps(matrix: np.ndarray, grid: tuple[int, int], has_class_token: bool) -> np.ndarray:
+  """Where the representation looks: from (..., T, T) attention, the class token's row
+  (or, without one, the mean row) over the patches, renormalised, as (..., h, w) maps."""
+  rows = matrix[..., 0, 1:] if has_class_token else matrix.mean(axis=-2)
+  if rows.shape[-1] != grid[0] * grid[1]:
+    raise ValueError(f"{rows.shape[-1]} patch tokens do not fill a {grid[0]}x{grid[1]} grid.")
+  rows = rows / rows.sum(axis=-1, keepdims=True)
+  return rows.reshape(*rows.shape[:-1], *grid)
+
+
+def position_embeddings(ckpt: Checkpoint) -> np.ndarray:
+  """The patches' position embeddings, (h, w, D): learned, or the fixed sin-cos ones."""
+  h, w = ckpt.grid
+  if ckpt.model.posemb == "sincos2d":
+    return models.posemb_sincos_2d(h, w, ckpt.model.hidden_size)[0].reshape(h, w, -1)
+  pe = np.asarray(ckpt.params["Transformer"]["posembed_input"]["pos_embedding"])[0]
+  return pe[1:].reshape(h, w, -1) if ckpt.has_class_token else pe.reshape(h, w, -1)
+
+
+def posemb_similarity(posemb: np.ndarray) -> np.ndarray:
+  """Cosine similarity of each patch's position embedding to every other: (h, w, D) ->
+  (h, w, h, w), [i, j] the map of patch (i, j)'s similarities (paper, figure 7 centre)."""
+  h, w, d = posemb.shape
+  e = posemb.reshape(h * w, d).astype(np.float64)
+  e = e / np.linalg.norm(e, axis=-1, keepdims=True)
+  return (e @ e.T).reshape(h, w, h, w)
+
+
+def mosaic(maps: np.ndarray, pad: int = 1) -> np.ndarray:
+  """(rows, cols, h, w) small maps -> one (rows*(h+pad)-pad, cols*(w+pad)-pad) image with
+  NaN gutters, which imshow leaves blank: a grid of grids in a single draw call."""
+  rows, cols, h, w = maps.shape
+  out = np.full((rows * (h + pad) - pad, cols * (w + pad) - pad), np.nan)
+  for i in range(rows):
+    for j in range(cols):
+      out[i * (h + pad):i * (h + pad) + h, j * (w + pad):j * (w + pad) + w] = maps[i, j]
+  return out
+
+
+def embedding_filters_pca(params: dict[str, Any], num: int = 28) -> tuple[np.ndarray, np.ndarray]:
+  """Principal components of the patch-embedding filters (paper, figure 7 left).
+
+  The D filters of the (P, P, C, D) embedding kernel are points in P*P*C dimensions;
+  returns their top `num` principal directions as (num, P, P, C) and the fraction of the
+  variance each explains.
+  """
+  kernel = np.asarray(params["embedding"]["kernel"], np.float64)
+  p1, p2, c, d = kernel.shape
+  if c != 3:
+    raise ValueError(f"The patch embedding sees {c} channels (a hybrid's ResNet features), "
+                     "not RGB pixels: its filters are not pictures.")
+  filters = kernel.reshape(p1 * p2 * c, d).T
+  filters = filters - filters.mean(axis=0)
+  _, s, vt = np.linalg.svd(filters, full_matrices=False)
+  num = min(num, len(s))
+  explained = s**2 / np.sum(s**2)
+  return vt[:num].reshape(num, p1, p2, c), explained[:num]
+
+
+def to_unit_range(x: np.ndarray, axes: tuple[int, ...] = (-3, -2, -1)) -> np.ndarray:
+  """Min-max scales each item to [0, 1] over `axes`, for imshow."""
+  lo, hi = x.min(axis=axes, keepdims=True), x.max(axis=axes, keepdims=True)
+  return (x - lo) / np.maximum(hi - lo, 1e-12)
+
+
+def parse_overrides(text: str | None) -> dict[str, Any]:
+  """Model field overrides from JSON text (a notebook parameter / environment variable)."""
+  overrides = json.loads(text or "{}")
+  if not isinstance(overrides, dict):
+    raise ValueError(f"Model overrides must be a JSON object, got {text!r}.")
+  return {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
