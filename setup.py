@@ -44,7 +44,7 @@ setuptools.setup(
     description="Vision Transformer and hybrid ResNet+ViT in JAX/Flax: models, "
     "checkpoints, training, evaluation.",
     packages=setuptools.find_packages(include=["vit_jax", "vit_jax.*"]),
-    python_requires=">=3.10",
+    python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
     entry_points={
