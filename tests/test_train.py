@@ -204,6 +204,19 @@ def test_bad_config_names_the_field(field, value, message):
     config_lib.validate(c)
 
 
+def test_config_covers_every_model_field():
+  from vit_jax import models
+  assert set(config_lib.MODEL_FIELDS) == set(models.registry.FIELDS) - {"num_classes", "dtype"}
+
+
+def test_cli_overrides_model_fields(tmp_path, dataset):
+  result = run_cli(cli(tmp_path, dataset, "--config.total_steps=2", "--config.model.num_layers=1",
+                       "--config.model.classifier=gap", "--config.model.dropout=0.1",
+                       "--config.model.remat=True", "--config.fewshot.shots=(1, 2)"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "Final evaluation: accuracy=" in result.stdout
+
+
 def test_unknown_cli_field_fails_before_compiling(tmp_path):
   result = run_cli(cli(tmp_path, ("mnist", "/nonexistent"), "--config.batch_sise=3"))
   assert result.returncode != 0

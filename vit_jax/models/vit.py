@@ -15,6 +15,32 @@ from vit_jax.models import resnet
 
 CLASSIFIERS = ("token", "gap", "map")
 POSEMBS = ("learn", "sincos2d")
+ATTENTION_IMPLS = (None, "auto", "xla", "cudnn")
+
+
+def resolve_attention_impl(impl: Optional[str], dtype: Any, head_dim: int) -> Optional[str]:
+  """The `implementation` for `jax.nn.dot_product_attention`; "auto" picks cuDNN where it runs.
+
+  JAX's own default (None) is XLA's unfused softmax(QK^T)V. "auto" takes cuDNN
+  flash attention on an NVIDIA GPU of compute capability >= 8.0 for 16-bit
+  inputs and head sizes cuDNN takes, and None otherwise (e.g. on CPU, TPU, f32).
+  """
+  if impl not in ATTENTION_IMPLS:
+    raise ValueError(f"attention_impl={impl!r}, expected one of {ATTENTION_IMPLS}.")
+  if impl != "auto":
+    return impl
+  device = jax.devices()[0]
+  try:  # CUDA devices report e.g. "9.0"; others have none or a non-numeric one.
+    major = int(str(getattr(device, "compute_capability", "")).split(".")[0])
+  except ValueError:
+    return None
+  fits = jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0 and head_dim <= 128
+  return "cudnn" if device.platform == "gpu" and major >= 8 and fits else None
+
+
+def _pad_tokens(x: jnp.ndarray) -> jnp.ndarray:
+  """Pads the token axis (1) of (batch, tokens, features) to an even length."""
+  return jnp.pad(x, ((0, 0), (0, x.shape[1] % 2), (0, 0)))
 
 
 def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.) -> np.ndarray:
@@ -52,8 +78,9 @@ class MlpBlock(nn.Module):
 class MultiHeadDotProductAttention(nn.Module):
   """Multi-head attention with the parameter layout of `flax.linen`'s.
 
-  Runs the fused `jax.nn.dot_product_attention` (cuDNN flash attention on GPU)
-  unless the attention weights are needed: returned to the caller, or dropped out.
+  Runs `jax.nn.dot_product_attention` with `implementation` (see
+  `resolve_attention_impl`; "auto" is cuDNN flash attention on GPU) unless the
+  attention weights are needed: returned to the caller, or dropped out.
   """
 
   num_heads: int
@@ -68,6 +95,17 @@ class MultiHeadDotProductAttention(nn.Module):
     if features % self.num_heads:
       raise ValueError(f"hidden_size {features} is not divisible by num_heads {self.num_heads}.")
     head_dim = features // self.num_heads
+    # Returned or dropped out, the weights must be materialised: no fused kernel.
+    explicit = return_weights or (self.dropout > 0 and not deterministic)
+    impl = resolve_attention_impl(self.implementation, self.dtype, head_dim)
+    q_len, kv_lengths = inputs_q.shape[1], None
+    if impl == "cudnn" and not explicit and (q_len % 2 or inputs_kv.shape[1] % 2):
+      # JAX's cuDNN gradient rule mistakes its empty bias placeholder for a bias and
+      # then rejects odd lengths (197 tokens): pad to even ones, mask the pad keys out.
+      kv_lengths = jnp.full(inputs_kv.shape[:1], inputs_kv.shape[1], jnp.int32)
+      self_attention = inputs_kv is inputs_q
+      inputs_q = _pad_tokens(inputs_q)
+      inputs_kv = inputs_q if self_attention else _pad_tokens(inputs_kv)
     dense = functools.partial(
         nn.DenseGeneral, features=(self.num_heads, head_dim), dtype=self.dtype,
         kernel_init=nn.initializers.xavier_uniform())
@@ -76,18 +114,19 @@ class MultiHeadDotProductAttention(nn.Module):
     v = dense(name="value")(inputs_kv)
 
     weights = None
-    if return_weights or (self.dropout > 0 and not deterministic):
+    if explicit:
       logits = jnp.einsum("...qhd,...khd->...hqk", q, k) / np.sqrt(head_dim).astype(q.dtype)
       weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
       dropped = nn.Dropout(self.dropout)(weights, deterministic).astype(v.dtype)
       out = jnp.einsum("...hqk,...khd->...qhd", dropped, v)
     else:
-      out = jax.nn.dot_product_attention(q, k, v, implementation=self.implementation)
+      out = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=kv_lengths,
+                                         implementation=impl)
 
     out = nn.DenseGeneral(
         features, axis=(-2, -1), dtype=self.dtype,
         kernel_init=nn.initializers.xavier_uniform(), name="out")(out)
-    return out, weights
+    return out[:, :q_len], weights
 
 
 class Encoder1DBlock(nn.Module):
@@ -203,7 +242,7 @@ class VisionTransformer(nn.Module):
   head_bias_init: float = 0.0
   remat: bool = False
   dtype: Any = jnp.float32
-  attention_impl: Optional[str] = None
+  attention_impl: Optional[str] = "auto"  # cuDNN flash attention where it runs.
   name_in_registry: Optional[str] = None
 
   @property

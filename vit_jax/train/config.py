@@ -6,6 +6,12 @@ from vit_jax.data import config as data_config
 from vit_jax.train import optimizers, trainer
 
 DTYPES = ("float32", "bfloat16")
+# The model fields a config may override (typed, so that the command line can set them).
+MODEL_FIELDS = dict(
+    patch_size=int, hidden_size=int, mlp_dim=int, num_heads=int, num_layers=int,
+    representation_size=int, classifier=str, posemb=str, resnet_layers=tuple,
+    resnet_width_factor=float, dropout=float, attention_dropout=float, head_bias_init=float,
+    remat=bool, attention_impl=str)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -15,7 +21,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model_name = "ViT-B_16"
   # Overrides of the named model's fields; None keeps the registry's value.
   c.model = ml_collections.ConfigDict(
-      {f: None for f in models.registry.FIELDS if f not in ("num_classes", "dtype")})
+      {f: ml_collections.FieldReference(None, field_type=t) for f, t in MODEL_FIELDS.items()})
   c.dtype = "float32"  # Computation dtype of the model (parameters stay float32).
   c.pretrained = ml_collections.FieldReference(None, field_type=str)  # .npz to start from.
   c.data = data.get_data_config()

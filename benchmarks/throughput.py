@@ -1,0 +1,401 @@
+"""Training and inference images/s of vit_jax against timm, on one device.
+
+    python benchmarks/throughput.py --model ViT-B_16 --batch_size 256 --dtype bfloat16 \
+        [--attention_impl auto] [--remat] [--timm both|eager|compile|off] [--json_out FILE]
+
+vit_jax: the project's own train step (`trainer.init_state` + `make_train_step`,
+AdamW with clipping from `optimizers.make_optimizer`) and `jit(model.apply)`.
+timm: the same model through tests/timm_reference.py, eager and torch.compile,
+bf16 autocast, fused AdamW with the same clipping. Synthetic data is put on the
+device once; each figure is the median over repeats of `steps` timed steps after
+`warmup` steps, synchronised at both ends. MFU counts 3x (training) or 1x
+(inference) the forward FLOPs, computed analytically from the config (matmuls
+and attention, 2 FLOPs per multiply-add; for hybrids, XLA's cost analysis of the
+lowered forward pass).
+"""
+import argparse
+import json
+import os
+import pathlib
+import platform
+import statistics
+import sys
+import time
+import types
+from typing import Any, Callable, Optional, Sequence
+
+# timm runs first in the same process: JAX must not grab 75% of the GPU up front.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from vit_jax import models  # noqa: E402
+from vit_jax.models import vit  # noqa: E402
+from vit_jax.train import optimizers, sharding, trainer  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# Dense tensor-core TFLOP/s (datasheet) by device-kind substring: bf16, and f32 (which JAX
+# runs as TF32 on these GPUs by default).
+PEAK_TFLOPS = {"H100 PCIe": (756.0, 378.0), "H100": (989.0, 494.5), "H200": (989.0, 494.5),
+               "A100": (312.0, 156.0)}
+RESULT_KEYS = ("framework", "phase", "img_per_s", "step_ms", "mfu", "peak_memory_gb",
+               "ratio_to_timm_compile")
+
+
+def forward_flops(cfg: dict[str, Any], image_size: int, num_classes: int) -> Optional[float]:
+  """Forward FLOPs per image of a plain ViT (None for hybrids): matmuls + attention."""
+  if cfg.get("resnet_layers") is not None:
+    return None
+  p, d, m, layers = cfg["patch_size"], cfg["hidden_size"], cfg["mlp_dim"], cfg["num_layers"]
+  n = (image_size // p)**2
+  classifier = cfg.get("classifier", "token")
+  t = n + (classifier == "token")
+  per_mac = 2
+  flops = per_mac * n * p * p * 3 * d  # Patch embedding.
+  # q, k, v, out projections; MLP; QK^T and AV.
+  flops += layers * per_mac * (4 * t * d * d + 2 * t * d * m + 2 * t * t * d)
+  if classifier == "map":
+    flops += per_mac * (2 * d * d + 2 * t * d * d + 2 * t * d + 2 * d * m)
+  width = cfg.get("representation_size") or d
+  if cfg.get("representation_size"):
+    flops += per_mac * d * width
+  return float(flops + per_mac * width * num_classes)
+
+
+def default_peak_tflops(device_kind: str, dtype: str) -> Optional[float]:
+  for key, (bf16, f32) in PEAK_TFLOPS.items():
+    if key in device_kind:
+      return bf16 if dtype == "bfloat16" else f32
+  return None
+
+
+def _median_step_s(run: Callable[[int], None], warmup: int, steps: int, repeats: int) -> float:
+  """`run(n)` runs n steps and returns once the device is done."""
+  run(warmup)
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    run(steps)
+    times.append((time.perf_counter() - start) / steps)
+  return statistics.median(times)
+
+
+def _log(msg: str) -> None:
+  print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _gb(nbytes: Optional[float]) -> Optional[float]:
+  return None if nbytes is None else round(nbytes / 2**30, 3)
+
+
+def _jax_peak_bytes() -> Optional[int]:
+  stats = jax.devices()[0].memory_stats()  # None on CPU.
+  return stats.get("peak_bytes_in_use") if stats else None
+
+
+def _xla_estimate_bytes(compiled) -> Optional[int]:
+  try:
+    m = compiled.memory_analysis()
+    return (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+            - m.alias_size_in_bytes)
+  except Exception:  # Not every backend reports it.
+    return None
+
+
+def _xla_flops(lowered) -> Optional[float]:
+  """FLOPs of the whole (unpartitioned) program, before XLA hands dots to cuBLAS/cuDNN,
+  after which the compiled program's count leaves them out."""
+  try:
+    cost = lowered.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return float(cost["flops"])
+  except Exception:
+    return None
+
+
+def bench_vit_jax(args: argparse.Namespace, model: vit.VisionTransformer) -> dict[str, Any]:
+  """Inference first (its peak memory), then training, as the project runs them."""
+  devices = jax.devices()[:args.devices]
+  mesh = jax.make_mesh((len(devices) // args.fsdp, args.fsdp), ("data", "fsdp"), devices=devices,
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  batch_sharding = sharding.batch_sharding(mesh)
+  shape = (args.image_size, args.image_size, 3)
+  rng = np.random.default_rng(0)
+  batch = {
+      "image": jax.device_put(rng.standard_normal((args.batch_size,) + shape, np.float32),
+                              batch_sharding),
+      "label": jax.device_put(rng.integers(0, args.num_classes, args.batch_size, np.int32),
+                              batch_sharding)}
+  out: dict[str, Any] = {"phases": {}}
+
+  _log("vit_jax: init, compile inference")
+  params = jax.jit(model.init)(jax.random.key(0), batch["image"][:1])["params"]
+  start = time.perf_counter()
+  lowered = jax.jit(lambda p, x: model.apply({"params": p}, x)).lower(params, batch["image"])
+  infer = lowered.compile()
+  compile_s = time.perf_counter() - start
+  xla_flops = _xla_flops(lowered)
+  out["xla_forward_gflops"] = None if xla_flops is None else xla_flops / args.batch_size / 1e9
+
+  def run_infer(n):
+    for _ in range(n):
+      logits = infer(params, batch["image"])
+    jax.block_until_ready(logits)
+
+  step_s = _median_step_s(run_infer, args.warmup, args.steps, args.repeats)
+  out["phases"]["infer"] = dict(step_s=step_s, compile_s=compile_s, peak_bytes=_jax_peak_bytes(),
+                                xla_estimate_bytes=_xla_estimate_bytes(infer))
+  del infer
+
+  # The defaults of vit_jax.train.config.base_config().optimizer (which imports TF, so not here).
+  opt_cfg = types.SimpleNamespace(
+      name="adamw", lr=1e-3, end_lr=0.0, decay="linear", b1=0.9, b2=0.999, momentum=0.9,
+      weight_decay=0.1, grad_clip_norm=1.0, mu_dtype=args.mu_dtype)
+  tx, _ = optimizers.make_optimizer(opt_cfg, total_steps=10_000, warmup_steps=100)
+  _log("vit_jax: init state, compile train step")
+  state, shardings = trainer.init_state(model, tx, mesh, shape, jax.random.key(0), params=params)
+  del params
+  step = trainer.make_train_step(model, tx, "softmax_xent", shardings, mesh, jax.random.key(1))
+  start = time.perf_counter()
+  step = step.lower(state, batch).compile()
+  compile_s = time.perf_counter() - start
+  _log(f"vit_jax: compiled in {compile_s:.0f}s, timing")
+  hlo = step.as_text()
+  out["cudnn_attention_in_hlo"] = "__cudnn$fmha" in hlo
+  holder = {"state": state, "metrics": None}
+  del state
+
+  def run_train(n):
+    for _ in range(n):
+      holder["state"], holder["metrics"] = step(holder["state"], batch)
+    jax.block_until_ready(holder["state"])
+
+  step_s = _median_step_s(run_train, args.warmup, args.steps, args.repeats)
+  if args.profile_dir:
+    with jax.profiler.trace(args.profile_dir, create_perfetto_trace=True):
+      run_train(3)
+  loss = float(holder["metrics"]["loss"])
+  if not np.isfinite(loss):
+    raise FloatingPointError(f"vit_jax training loss is {loss}")
+  out["final_loss"] = loss
+  out["phases"]["train"] = dict(step_s=step_s, compile_s=compile_s, peak_bytes=_jax_peak_bytes(),
+                                xla_estimate_bytes=_xla_estimate_bytes(step))
+  return out
+
+
+def _timm_reference() -> Optional[types.ModuleType]:
+  """tests/timm_reference.py (the registry -> timm table), or None without torch and timm."""
+  sys.path.insert(0, str(REPO / "tests"))
+  import timm_reference  # pylint: disable=g-import-not-at-top
+  return timm_reference if timm_reference.timm and timm_reference.torch else None
+
+
+def bench_timm(args: argparse.Namespace, name: str, modes: Sequence[str]) -> dict[str, Any]:
+  """timm eager and/or torch.compile, inference then training (fresh model per mode)."""
+  timm_reference = _timm_reference()
+  torch = timm_reference.torch
+  dev = "cuda" if torch.cuda.is_available() else "cpu"
+  sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+  bf16 = args.dtype == "bfloat16"
+  out = {}
+  for mode in modes:
+    _log(f"timm {mode}")
+    torch.manual_seed(0)
+    depth = {} if args.num_layers is None else {"depth": args.num_layers}
+    model = timm_reference.create(name, img_size=args.image_size, num_classes=args.num_classes,
+                                  **depth).to(dev)
+    fwd = torch.compile(model) if mode == "compile" else model
+    x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=dev)
+    y = torch.randint(0, args.num_classes, (args.batch_size,), device=dev)
+    autocast = lambda: torch.autocast(dev, dtype=torch.bfloat16, enabled=bf16)  # noqa: E731
+    phases = {}
+
+    def run_infer(n):
+      with torch.inference_mode(), autocast():
+        for _ in range(n):
+          fwd(x)
+      sync()
+
+    model.eval()
+    if dev == "cuda":
+      torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    run_infer(1)
+    phases["infer"] = dict(compile_s=time.perf_counter() - start)
+    phases["infer"]["step_s"] = _median_step_s(run_infer, args.warmup, args.steps, args.repeats)
+    phases["infer"]["peak_bytes"] = torch.cuda.max_memory_allocated() if dev == "cuda" else None
+
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1,
+                            fused=dev == "cuda")
+
+    def run_train(n):
+      for _ in range(n):
+        with autocast():
+          loss = torch.nn.functional.cross_entropy(fwd(x).float(), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+      sync()
+
+    if dev == "cuda":
+      torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    run_train(1)
+    phases["train"] = dict(compile_s=time.perf_counter() - start)
+    phases["train"]["step_s"] = _median_step_s(run_train, args.warmup, args.steps, args.repeats)
+    phases["train"]["peak_bytes"] = torch.cuda.max_memory_allocated() if dev == "cuda" else None
+    out[mode] = phases
+    del model, fwd, opt, x, y
+    if dev == "cuda":
+      torch.cuda.empty_cache()
+  return out
+
+
+def _versions() -> dict[str, str]:
+  import importlib.metadata as md  # pylint: disable=g-import-not-at-top
+  found = {"python": platform.python_version()}
+  for pkg in ("jax", "jaxlib", "flax", "optax", "torch", "timm"):
+    try:
+      found[pkg] = md.version(pkg)
+    except md.PackageNotFoundError:
+      pass
+  return found
+
+
+def _rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+  """One row per (framework, phase), with img/s, MFU, memory and the ratio to timm+compile."""
+  batch, peak = report["batch_size"], report["peak_tflops"]
+  flops = report["forward_flops_per_image"]
+  runs = {"vit_jax": report["vit_jax"].get("phases", {})}
+  runs.update({f"timm_{m}": ph for m, ph in report.get("timm", {}).items()})
+  rows = []
+  for framework, phases in runs.items():
+    for phase, r in phases.items():
+      img_s = batch / r["step_s"]
+      mfu = (img_s * flops * (3 if phase == "train" else 1) / (peak * 1e12)
+             if flops and peak else None)
+      ref = runs.get("timm_compile", {}).get(phase)
+      ratio = img_s * ref["step_s"] / batch if ref else None
+      rows.append(dict(framework=framework, phase=phase, img_per_s=round(img_s, 1),
+                       step_ms=round(r["step_s"] * 1e3, 3),
+                       mfu=None if mfu is None else round(mfu, 4),
+                       peak_memory_gb=_gb(r.get("peak_bytes")),
+                       xla_memory_estimate_gb=_gb(r.get("xla_estimate_bytes")),
+                       compile_s=round(r["compile_s"], 1),
+                       ratio_to_timm_compile=None if ratio is None else round(ratio, 3)))
+  return rows
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+  fmt = lambda v, spec, scale=1: "n/a" if v is None else format(v * scale, spec)  # noqa: E731
+  lines = [f"{'framework':<14}{'phase':<7}{'img/s':>10}{'ms/step':>10}{'vs timm+compile':>17}"
+           f"{'MFU':>8}{'peak GiB':>10}"]
+  for r in rows:
+    lines.append(f"{r['framework']:<14}{r['phase']:<7}{fmt(r['img_per_s'], ',.0f'):>10}"
+                 f"{fmt(r['step_ms'], '.1f'):>10}{fmt(r['ratio_to_timm_compile'], '.2f'):>17}"
+                 f"{fmt(r['mfu'], '.1f', 100):>8}{fmt(r['peak_memory_gb'], '.2f'):>10}")
+  return "\n".join(lines)
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--model", default="ViT-B_16", help="registry name (or short form, e.g. b16)")
+  p.add_argument("--batch_size", type=int, default=256)
+  p.add_argument("--image_size", type=int, default=224)
+  p.add_argument("--num_classes", type=int, default=1000)
+  p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+  p.add_argument("--attention_impl", choices=("auto", "none", "xla", "cudnn"), default="auto",
+                 help="model.attention_impl; 'none' is JAX's own default")
+  p.add_argument("--num_layers", type=int, default=None,
+                 help="override the model's depth (both frameworks), for quick runs")
+  p.add_argument("--remat", action="store_true", help="rematerialise each encoder block")
+  p.add_argument("--devices", type=int, default=1,
+                 help="vit_jax devices (timm uses one); MFU counts the peak of all of them")
+  p.add_argument("--fsdp", type=int, default=1, help="fsdp axis of the (data, fsdp) mesh")
+  p.add_argument("--mu_dtype", choices=("bfloat16", "float32"), default=None,
+                 help="Adam first-moment dtype (default: the parameters')")
+  p.add_argument("--timm", choices=("both", "eager", "compile", "off"), default="both")
+  p.add_argument("--warmup", type=int, default=5)
+  p.add_argument("--steps", type=int, default=20)
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--peak_tflops", type=float, default=None,
+                 help="device peak for MFU; default from the device kind (H100 989 bf16), else n/a")
+  p.add_argument("--json_out", default=None)
+  p.add_argument("--profile_dir", default=None, help="trace 3 vit_jax train steps (perfetto) here")
+  return p.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
+  args = parse_args(argv)
+  if args.devices > jax.device_count() or args.devices % args.fsdp:
+    raise ValueError(f"--devices {args.devices} must be <= {jax.device_count()} (found) and a "
+                     f"multiple of --fsdp {args.fsdp}.")
+  name = models.resolve_name(args.model)
+  dtype = jnp.dtype(args.dtype)
+  impl = None if args.attention_impl == "none" else args.attention_impl
+  overrides = dict(remat=args.remat, attention_impl=impl)
+  if args.num_layers is not None:
+    overrides["num_layers"] = args.num_layers
+  model = models.create_model(name, num_classes=args.num_classes, dtype=dtype, **overrides)
+  flops = forward_flops(models.model_config(name, **overrides), args.image_size, args.num_classes)
+  report: dict[str, Any] = dict(
+      model=name, num_layers=model.num_layers, batch_size=args.batch_size,
+      image_size=args.image_size, dtype=args.dtype, remat=args.remat, devices=args.devices,
+      fsdp=args.fsdp,
+      attention_impl=args.attention_impl, versions=_versions(),
+      command=" ".join(["python", "benchmarks/throughput.py", *(argv or sys.argv[1:])]))
+
+  modes = {"both": ("eager", "compile"), "off": ()}.get(args.timm, (args.timm,))
+  timm_reference = _timm_reference() if modes else None
+  if modes and timm_reference is None:
+    report["timm_skipped"] = "torch/timm not installed"
+  elif modes and name not in timm_reference.TIMM_NAMES:
+    report["timm_skipped"] = f"no timm mapping for {name}"
+  elif modes:  # Before JAX touches the GPU.
+    try:
+      report["timm"] = bench_timm(args, name, modes)
+    except Exception as e:  # pylint: disable=broad-except
+      report["timm_skipped"] = f"{type(e).__name__}: {e}"[:2000]
+
+  device = jax.devices()[0]
+  report["device"] = f"{device.platform}: {device.device_kind} (x{args.devices})"
+  head_dim = model.hidden_size // model.num_heads
+  report["attention_impl_resolved"] = vit.resolve_attention_impl(impl, dtype, head_dim)
+  try:
+    report["vit_jax"] = bench_vit_jax(args, model)
+  except Exception as e:  # pylint: disable=broad-except  # E.g. out of memory: keep timm's figures.
+    report["vit_jax"] = {"error": f"{type(e).__name__}: {e}"[:4000]}
+  report["flops_source"] = "analytic from the config (matmuls + attention, 2 per MAC)"
+  if flops is None:
+    xla_gflops = report["vit_jax"].get("xla_forward_gflops")
+    flops = xla_gflops and xla_gflops * 1e9
+    report["flops_source"] = "XLA cost analysis of the lowered jit(model.apply)" if flops else "n/a"
+  report["forward_flops_per_image"] = flops
+  peak = args.peak_tflops or (
+      default_peak_tflops(device.device_kind, args.dtype) if device.platform == "gpu" else None)
+  report["peak_tflops"] = peak and peak * args.devices
+  report["results"] = _rows(report)
+
+  print(f"{name} {args.image_size}px batch {args.batch_size} {args.dtype}, remat={args.remat}, "
+        f"attention {args.attention_impl} -> {report['attention_impl_resolved']} "
+        f"(cuDNN fMHA in train HLO: {report['vit_jax'].get('cudnn_attention_in_hlo')}), "
+        f"on {report['device']}")
+  gflops = f"{flops / 1e9:.2f}" if flops else "n/a"
+  print(f"forward {gflops} GFLOP/img ({report['flops_source']}), "
+        f"peak {report['peak_tflops'] or 'n/a'} TFLOP/s; {report['versions']}")
+  print(_table(report["results"]))
+  if "error" in report["vit_jax"]:
+    print("vit_jax failed:", report["vit_jax"]["error"])
+  if "timm_skipped" in report:
+    print("timm skipped:", report["timm_skipped"])
+  if args.json_out:
+    pathlib.Path(args.json_out).write_text(json.dumps(report, indent=1, default=str))
+  return report
+
+
+if __name__ == "__main__":
+  sys.exit(1 if "error" in main()["vit_jax"] else 0)
