@@ -218,14 +218,18 @@ def bench_timm(args: argparse.Namespace, name: str, modes: Sequence[str]) -> dic
           fwd(x)
       sync()
 
+    def measure(run):
+      if dev == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+      start = time.perf_counter()
+      run(1)
+      phase = dict(compile_s=time.perf_counter() - start)
+      phase["step_s"] = _median_step_s(run, args.warmup, args.steps, args.repeats)
+      phase["peak_bytes"] = torch.cuda.max_memory_allocated() if dev == "cuda" else None
+      return phase
+
     model.eval()
-    if dev == "cuda":
-      torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    run_infer(1)
-    phases["infer"] = dict(compile_s=time.perf_counter() - start)
-    phases["infer"]["step_s"] = _median_step_s(run_infer, args.warmup, args.steps, args.repeats)
-    phases["infer"]["peak_bytes"] = torch.cuda.max_memory_allocated() if dev == "cuda" else None
+    phases["infer"] = measure(run_infer)
 
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1,
@@ -241,13 +245,7 @@ def bench_timm(args: argparse.Namespace, name: str, modes: Sequence[str]) -> dic
         opt.zero_grad(set_to_none=True)
       sync()
 
-    if dev == "cuda":
-      torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    run_train(1)
-    phases["train"] = dict(compile_s=time.perf_counter() - start)
-    phases["train"]["step_s"] = _median_step_s(run_train, args.warmup, args.steps, args.repeats)
-    phases["train"]["peak_bytes"] = torch.cuda.max_memory_allocated() if dev == "cuda" else None
+    phases["train"] = measure(run_train)
     out[mode] = phases
     del model, fwd, opt, x, y
     if dev == "cuda":
