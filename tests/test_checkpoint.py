@@ -1,5 +1,4 @@
 """Checkpoint interchange: layouts, fitting to a model, round trips, timm equivalence."""
-import io
 import re
 
 import jax

@@ -1,5 +1,4 @@
 """Train state, losses and the jit-compiled train step."""
-import functools
 from typing import Any, Callable
 
 import flax.linen as nn
