@@ -43,18 +43,19 @@ class _Preemption:
     return self.received
 
 
+def _model_overrides(c: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The model fields the config sets (tuples may come back from the command line as lists)."""
+  return {k: tuple(v) if isinstance(v, list) else v for k, v in c.model.items() if v is not None}
+
+
 def build_model(c: ml_collections.ConfigDict, num_classes: int) -> models.VisionTransformer:
-  overrides = {k: v for k, v in c.model.items() if v is not None}
-  for k in ("resnet_layers",):  # Config values come back as lists.
-    if isinstance(overrides.get(k), list):
-      overrides[k] = tuple(overrides[k])
   return models.create_model(c.model_name, num_classes=num_classes,
-                             dtype=jnp.dtype(c.dtype), **overrides)
+                             dtype=jnp.dtype(c.dtype), **_model_overrides(c))
 
 
 def _meta(c: ml_collections.ConfigDict, model: models.VisionTransformer) -> dict[str, Any]:
   """What a checkpoint must agree with to be resumed."""
-  fields = models.model_config(c.model_name, **{k: v for k, v in c.model.items() if v is not None})
+  fields = models.model_config(c.model_name, **_model_overrides(c))
   fields = {k: v for k, v in fields.items() if k not in ("dropout", "attention_dropout", "remat",
                                                          "attention_impl")}
   return {"model_name": c.model_name, "num_classes": model.num_classes,
