@@ -13,14 +13,16 @@ def get_config(arg: str | None = None):
                  classifier="gap")
   c.data.name = "fashion_mnist"
   c.data.image_size = 28
-  # Five and a half epochs leave no room for augmentation to pay off; flips would mirror the
-  # shoes, which all point the same way in this dataset.
+  # Five epochs leave no room for augmentation to pay off; flips would mirror the shoes,
+  # which all point the same way in this dataset.
   c.data.train_crop = "resize"
   c.data.flip = False
-  c.batch_size = 128
-  c.total_epochs = 5.5  # 88.2% on the test split in about 5 minutes on 2 cores.
-  c.warmup_steps = 200
-  c.optimizer.update(name="adamw", lr=2e-3, weight_decay=0.05, decay="cosine")
-  c.log_every_steps = 200
+  # On 2 CPU cores this model trains about 35% more images per second at batch 64 than at 128
+  # (256 is slower still), and batch 64 gives twice the updates per epoch.
+  c.batch_size = 64
+  c.total_epochs = 5  # 88.3% on the test split; about 2.5 minutes on 2 cores.
+  c.warmup_steps = 400
+  c.optimizer.update(name="adamw", lr=2e-3, weight_decay=0.1, decay="cosine")
+  c.log_every_steps = 500
   c.checkpoint_every_steps = 1000
   return c

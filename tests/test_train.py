@@ -88,6 +88,19 @@ def test_loss_goes_down_and_eval_counts_every_example(tmp_path, dataset):
   assert os.path.isdir(tmp_path / "checkpoints" / "150")
 
 
+@pytest.mark.slow
+def test_quickstart_config_learns(tmp_path, dataset):
+  """The README's first command, shortened to a third of an epoch."""
+  name, data_dir = dataset
+  run = run_cli([sys.executable, "-m", "vit_jax.main", "--config", "configs/quickstart.py",
+                 "--workdir", str(tmp_path), f"--config.data.name={name}",
+                 f"--config.data.data_dir={data_dir}", "--config.total_epochs=0.3",
+                 "--config.warmup_steps=50"])
+  assert run.returncode == 0, run.stderr[-3000:]
+  accuracy = float(run.stdout.split("Final evaluation: accuracy=")[1].split(",")[0])
+  assert accuracy > 0.7, run.stdout
+
+
 def test_mesh_layouts_give_the_same_losses(tmp_path, dataset):
   """8 devices as data-parallel, fully sharded (fsdp) and mixed give the same losses."""
   runs = {}
