@@ -56,9 +56,9 @@ def read_scalars(workdir, tag: str, newest_file_only: bool = False) -> dict[int,
   return values
 
 
-def cli(workdir, dataset, *extra):
+def cli(workdir, dataset, *extra, config: str = "tests/tiny_config.py"):
   name, data_dir = dataset
-  return [sys.executable, "-m", "vit_jax.main", "--config", str(REPO / "tests" / "tiny_config.py"),
+  return [sys.executable, "-m", "vit_jax.main", "--config", str(REPO / config),
           "--workdir", str(workdir), f"--config.data.name={name}",
           f"--config.data.data_dir={data_dir}", *extra]
 
@@ -91,11 +91,8 @@ def test_loss_goes_down_and_eval_counts_every_example(tmp_path, dataset):
 @pytest.mark.slow
 def test_quickstart_config_learns(tmp_path, dataset):
   """The README's first command, shortened to a third of an epoch."""
-  name, data_dir = dataset
-  run = run_cli([sys.executable, "-m", "vit_jax.main", "--config", "configs/quickstart.py",
-                 "--workdir", str(tmp_path), f"--config.data.name={name}",
-                 f"--config.data.data_dir={data_dir}", "--config.total_epochs=0.3",
-                 "--config.warmup_steps=50"])
+  run = run_cli(cli(tmp_path, dataset, "--config.total_epochs=0.3", "--config.warmup_steps=50",
+                    config="configs/quickstart.py"))
   assert run.returncode == 0, run.stderr[-3000:]
   accuracy = float(run.stdout.split("Final evaluation: accuracy=")[1].split(",")[0])
   assert accuracy > 0.7, run.stdout
