@@ -20,6 +20,8 @@ def get_config(arg: str | None = None):
   # On 2 CPU cores this model trains about 35% more images per second at batch 64 than at 128
   # (256 is slower still), and batch 64 gives twice the updates per epoch.
   c.batch_size = 64
+  # One device per core (32 images each): ~30% more img/s than one device on both cores.
+  c.cpu_devices = 2
   c.total_epochs = 5  # 88.3% on the test split; 2.5 to 3.5 minutes on 2 cores.
   c.warmup_steps = 400
   c.optimizer.update(name="adamw", lr=2e-3, weight_decay=0.1, decay="cosine")

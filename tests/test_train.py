@@ -94,6 +94,7 @@ def test_quickstart_config_learns(tmp_path, dataset):
   run = run_cli(cli(tmp_path, dataset, "--config.total_epochs=0.3", "--config.warmup_steps=50",
                     config="configs/quickstart.py"))
   assert run.returncode == 0, run.stderr[-3000:]
+  assert "2 devices (cpu)" in run.stderr  # config.cpu_devices outranks XLA_FLAGS' count of 1.
   accuracy = float(run.stdout.split("Final evaluation: accuracy=")[1].split(",")[0])
   assert accuracy > 0.7, run.stdout
 
@@ -207,6 +208,7 @@ def test_workdir_of_another_model_refuses_to_resume(tmp_path, dataset):
     ("optimizer.name", "adamx", "config.optimizer.name='adamx': expected one of"),
     ("accum_steps", 5, "config.accum_steps=5: must be >= 1 and divide batch_size=32"),
     ("data.train_crop", "foo", "data.train_crop='foo' is not one of"),
+    ("cpu_devices", 0, "config.cpu_devices=0: must be None or >= 1"),
 ])
 def test_bad_config_names_the_field(field, value, message):
   c = tiny_config(("mnist", None), **{field: value})

@@ -34,6 +34,9 @@ def main(argv) -> None:
   absl_logging.get_absl_handler().addFilter(_QuietLibraries())
   import jax  # After absl has parsed the flags, so XLA_FLAGS set by users apply.
 
+  if FLAGS.config.get("cpu_devices"):
+    jax.config.update("jax_num_cpu_devices", FLAGS.config.cpu_devices)
+
   if FLAGS.coordinator_address or FLAGS.distributed:
     if jax.config.jax_platforms in (None, "", "cpu") and FLAGS.coordinator_address:
       jax.config.update("jax_cpu_collectives_implementation", "gloo")
