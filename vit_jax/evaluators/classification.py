@@ -18,7 +18,6 @@ class ClassificationEvaluator:
   def __init__(self, predict_fn: Callable, batches: Callable[[], Iterable[dict]],
                loss_name: str = "softmax_xent"):
     self.batches = batches
-    self.loss_name = loss_name
 
     def sums(params, batch):
       logits = predict_fn(params, batch["image"])

@@ -179,6 +179,6 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir: str) -> dict[str, 
                         step, workdir)
         break
   finally:
-    manager.wait_until_finished()
-    writer.flush()
+    manager.close()  # Waits for the last save, then stops orbax's writer and deleter threads.
+    writer.close()
   return eval_metrics
