@@ -86,9 +86,9 @@ def _options(cfg: ml_collections.ConfigDict) -> tf.data.Options:
   options.threading.private_threadpool_size = (
       cfg.threads or max(1, (os.cpu_count() or 2) // 2))
   options.threading.max_intra_op_parallelism = 1
-  # AUTOTUNE parallelism then means the private pool's size. The autotuner would only
-  # re-pick within it, and freeing an iterator waits for its optimisation thread to end a
-  # pass: 9 to 60 s at the end of runs on 2 loaded cores.
+  # Without the autotuner, AUTOTUNE parallelism is the private pool's size. The autotuner
+  # only re-picks within it, and freeing an iterator joins its optimisation thread, which
+  # took 9 to 60 s at the end of runs on 2 loaded cores.
   options.autotune.enabled = False
   return options
 
