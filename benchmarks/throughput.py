@@ -149,10 +149,8 @@ def bench_vit_jax(args: argparse.Namespace, model: vit.VisionTransformer) -> dic
                                 xla_estimate_bytes=_xla_estimate_bytes(infer))
   del infer
 
-  # The defaults of vit_jax.train.config.base_config().optimizer (which imports TF, so not here).
-  opt_cfg = types.SimpleNamespace(
-      name="adamw", lr=1e-3, end_lr=0.0, decay="linear", b1=0.9, b2=0.999, momentum=0.9,
-      weight_decay=0.1, grad_clip_norm=1.0, mu_dtype=args.mu_dtype)
+  opt_cfg = optimizers.default_config()
+  opt_cfg.mu_dtype = args.mu_dtype
   tx, _ = optimizers.make_optimizer(opt_cfg, total_steps=10_000, warmup_steps=100)
   _log("vit_jax: init state, compile train step")
   state, shardings = trainer.init_state(model, tx, mesh, shape, jax.random.key(0), params=params)

@@ -188,6 +188,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+  """Starts (or with --dry-run prints) one process per host, through SLURM or ssh."""
   return common.main(parser(), argv, handle)
 
 

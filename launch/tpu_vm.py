@@ -185,6 +185,11 @@ def handle(args: argparse.Namespace) -> int:
   return 0
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+  """Runs (or with --dry-run prints) one TPU VM subcommand; returns its exit status."""
+  return common.main(parser(), argv, handle)
+
+
 def parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -217,10 +222,6 @@ def parser() -> argparse.ArgumentParser:
       s.add_argument("--workdir", required=True, help="gs://BUCKET/PATH (any path on one host)")
       common.add_overrides(s)
   return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-  return common.main(parser(), argv, handle)
 
 
 if __name__ == "__main__":

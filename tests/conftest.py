@@ -1,29 +1,33 @@
-"""Test set-up: 8 simulated CPU devices, set before jax is first imported."""
-import importlib.util
+"""Test set-up: 8 simulated CPU devices, set before jax is first imported; shared fixtures."""
 import os
-import pathlib
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+# torch (for timm's cross-checks) must load before TensorFlow: the other order crashes the
+# process in triton's import, so whichever test module comes first.
+import timm_reference  # noqa: E402,F401
+from helpers import DEBIAN_FASHION_MNIST, SHARED_DATA  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def dataset(tmp_path_factory):
+  """(name, data_dir) of a real dataset: MNIST from ../shared/data, else Fashion-MNIST."""
+  if (SHARED_DATA / "mnist").is_dir():
+    return "mnist", str(SHARED_DATA)
+  if os.path.isdir(DEBIAN_FASHION_MNIST):
+    from vit_jax import data
+    data_dir = str(tmp_path_factory.mktemp("tfds"))
+    data.prepare_fashion_mnist(data_dir)
+    return "fashion_mnist", data_dir
+  pytest.skip("no real dataset: ../shared/data is missing and dataset-fashion-mnist is not installed")
 
 
 @pytest.fixture
-def shared_data() -> pathlib.Path:
+def shared_data():
   """../shared/data (TFDS-format MNIST); a user's clone lacks it, so skip then."""
   if not (SHARED_DATA / "mnist").is_dir():
     pytest.skip(f"{SHARED_DATA} is missing (only the project's own machines have it)")
   return SHARED_DATA
-
-
-def load_config(spec: str):
-  """A config file's `get_config(arg)`, as `--config path.py:arg` would load it."""
-  path, _, arg = spec.partition(":")
-  module_spec = importlib.util.spec_from_file_location("config_module", REPO / path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module.get_config(arg) if arg else module.get_config()

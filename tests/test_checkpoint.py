@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 import scipy.ndimage
 
-from vit_jax import checkpoint, models
-
 import timm_reference
+from vit_jax import checkpoint, models
 
 TINY = dict(hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2, patch_size=8)
 HYBRID_TINY = dict(hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2, resnet_layers=(1, 1, 1, 1))
@@ -190,51 +189,6 @@ def test_refuses_non_npz_and_pickles(tmp_path):
     checkpoint.load_npz(tmp_path)
 
 
-def _timm_state_to_npz(model, sd) -> dict:
-  """timm state_dict -> original-layout npz keys (the inverse of timm's `_load_weights`)."""
-  t = lambda x: x.detach().numpy()
-  d = model.embed_dim
-  h = model.blocks[0].attn.num_heads
-  out = {}
-  emb = model.patch_embed
-  if hasattr(emb, "backbone"):
-    bb = emb.backbone
-    out["conv_root/kernel"] = t(bb.stem.conv.weight).transpose(2, 3, 1, 0)
-    out["gn_root/scale"], out["gn_root/bias"] = t(bb.stem.norm.weight), t(bb.stem.norm.bias)
-    for i, stage in enumerate(bb.stages):
-      for j, block in enumerate(stage.blocks):
-        p = f"block{i + 1}/unit{j + 1}/"
-        for r in range(1, 4):
-          out[p + f"conv{r}/kernel"] = t(getattr(block, f"conv{r}").weight).transpose(2, 3, 1, 0)
-          out[p + f"gn{r}/scale"] = t(getattr(block, f"norm{r}").weight)
-          out[p + f"gn{r}/bias"] = t(getattr(block, f"norm{r}").bias)
-        if block.downsample is not None:
-          out[p + "conv_proj/kernel"] = t(block.downsample.conv.weight).transpose(2, 3, 1, 0)
-          out[p + "gn_proj/scale"] = t(block.downsample.norm.weight)
-          out[p + "gn_proj/bias"] = t(block.downsample.norm.bias)
-  out["embedding/kernel"] = t(emb.proj.weight).transpose(2, 3, 1, 0)
-  out["embedding/bias"] = t(emb.proj.bias)
-  out["cls"] = t(model.cls_token)
-  out[checkpoint.POSEMB_KEY] = t(model.pos_embed)
-  for i, block in enumerate(model.blocks):
-    p = f"Transformer/encoderblock_{i}/"
-    out[p + "LayerNorm_0/scale"], out[p + "LayerNorm_0/bias"] = t(block.norm1.weight), t(block.norm1.bias)
-    out[p + "LayerNorm_2/scale"], out[p + "LayerNorm_2/bias"] = t(block.norm2.weight), t(block.norm2.bias)
-    qkv_w, qkv_b = t(block.attn.qkv.weight), t(block.attn.qkv.bias)
-    for n, name in enumerate(("query", "key", "value")):
-      out[p + f"MultiHeadDotProductAttention_1/{name}/kernel"] = qkv_w[n * d:(n + 1) * d].T.reshape(d, h, d // h)
-      out[p + f"MultiHeadDotProductAttention_1/{name}/bias"] = qkv_b[n * d:(n + 1) * d].reshape(h, d // h)
-    out[p + "MultiHeadDotProductAttention_1/out/kernel"] = t(block.attn.proj.weight).T.reshape(h, d // h, d)
-    out[p + "MultiHeadDotProductAttention_1/out/bias"] = t(block.attn.proj.bias)
-    for r in range(2):
-      fc = getattr(block.mlp, f"fc{r + 1}")
-      out[p + f"MlpBlock_3/Dense_{r}/kernel"], out[p + f"MlpBlock_3/Dense_{r}/bias"] = t(fc.weight).T, t(fc.bias)
-  out["Transformer/encoder_norm/scale"] = t(model.norm.weight)
-  out["Transformer/encoder_norm/bias"] = t(model.norm.bias)
-  out["head/kernel"], out["head/bias"] = t(model.head.weight).T, t(model.head.bias)
-  return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["ViT-B_16", "R50+ViT-B_16"])
 def test_logits_match_timm_both_directions(tmp_path, name):
@@ -259,7 +213,7 @@ def test_logits_match_timm_both_directions(tmp_path, name):
   with timm_reference.torch.no_grad():
     for p in reference.parameters():
       p.add_(0.02 * timm_reference.torch.randn_like(p))
-  flat = _timm_state_to_npz(reference, reference.state_dict())
+  flat = timm_reference.to_npz(reference)
   path = write_npz(tmp_path / "timm.npz", flat)
   loaded = checkpoint.load_npz(path, target=params)
   np.testing.assert_allclose(np.asarray(jax.jit(model.apply)({"params": loaded}, images)),

@@ -77,7 +77,7 @@ def _write_folder(root, bad=()):
 def test_config_errors_name_the_field():
   cfg = data.get_data_config()
   cfg.train_crop = "foo"
-  with pytest.raises(ValueError, match=r"data.train_crop='foo' is not one of"):
+  with pytest.raises(ValueError, match=r"config.data.train_crop='foo': expected one of"):
     data.dataset_info(cfg)
   cfg = data.get_data_config()
   cfg.value_range = (1.0, -1.0)
@@ -85,7 +85,7 @@ def test_config_errors_name_the_field():
     data.dataset_info(cfg)
   cfg = data.get_data_config()
   cfg.flipp = True
-  with pytest.raises(ValueError, match=r"data.flipp is not a known field"):
+  with pytest.raises(ValueError, match=r"config.data.flipp=.*unknown field; did you mean flip"):
     data.dataset_info(cfg)
 
 

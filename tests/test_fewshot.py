@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from sklearn.linear_model import Ridge
 
-from vit_jax.evaluators import fewshot
+from vit_jax.evaluators import fewshot_lsr
 
 
 @pytest.mark.parametrize("n,d", [(40, 65), (300, 17)])  # Dual (n <= d) and primal forms.
@@ -12,9 +12,9 @@ def test_ridge_matches_sklearn(n, d):
   x = rng.normal(size=(n, d)) * rng.uniform(0.1, 5, size=d) + rng.normal(size=d)
   y = rng.integers(0, 5, size=n)
   x_test = rng.normal(size=(200, d))
-  xs, xts = fewshot.standardise(x, x_test)
+  xs, xts = fewshot_lsr.standardise(x, x_test)
   l2s = [2.0**-3, 1.0, 2.0**6]
-  for l2, w in zip(l2s, fewshot.ridge_weights(xs, y, l2s, num_classes=5)):
+  for l2, w in zip(l2s, fewshot_lsr.ridge_weights(xs, y, l2s, num_classes=5)):
     reference = Ridge(alpha=l2, fit_intercept=False, solver="svd", tol=1e-12)
     reference.fit(xs, 2.0 * np.eye(5)[y] - 1.0)
     np.testing.assert_allclose(w, reference.coef_.T, atol=1e-5, rtol=1e-6)
@@ -24,7 +24,7 @@ def test_ridge_matches_sklearn(n, d):
 
 def test_standardise_uses_train_statistics_and_adds_bias_column():
   x = np.array([[1.0, 10.0], [3.0, 30.0]])
-  xs, xt = fewshot.standardise(x, np.array([[2.0, 20.0]]))
+  xs, xt = fewshot_lsr.standardise(x, np.array([[2.0, 20.0]]))
   np.testing.assert_allclose(xs[:, :2].mean(0), 0.0, atol=1e-12)
   np.testing.assert_allclose(xs[:, 2], 100.0)
   np.testing.assert_allclose(xt, [[0.0, 0.0, 100.0]], atol=1e-12)
@@ -32,25 +32,25 @@ def test_standardise_uses_train_statistics_and_adds_bias_column():
 
 def test_shots_are_nested_and_balanced():
   labels = np.repeat(np.arange(4), 30)
-  big = fewshot.sample_shots(labels, 10, seed=3, num_classes=4).reshape(4, 10)
-  again = fewshot.sample_shots(labels, 10, seed=3, num_classes=4).reshape(4, 10)
+  big = fewshot_lsr.sample_shots(labels, 10, seed=3, num_classes=4).reshape(4, 10)
+  again = fewshot_lsr.sample_shots(labels, 10, seed=3, num_classes=4).reshape(4, 10)
   np.testing.assert_array_equal(big, again)
   assert all(set(labels[row]) == {c} for c, row in enumerate(big))
-  other_seed = fewshot.sample_shots(labels, 10, seed=4, num_classes=4)
+  other_seed = fewshot_lsr.sample_shots(labels, 10, seed=4, num_classes=4)
   assert set(other_seed) != set(big.ravel())
 
 
 def test_too_many_shots_names_the_class_and_counts():
   labels = np.array([0] * 30 + [1] * 3 + [2] * 30)
   with pytest.raises(ValueError, match="Class 1 has 3 examples .* fewer than the 5 shots"):
-    fewshot.sample_shots(labels, 5, seed=0, num_classes=3)
+    fewshot_lsr.sample_shots(labels, 5, seed=0, num_classes=3)
 
 
 def test_nonpositive_l2_is_rejected():
   with pytest.raises(ValueError, match="must be > 0"):
-    fewshot.ridge_weights(np.ones((3, 2)), np.zeros(3, int), [1.0, 0.0], 2)
+    fewshot_lsr.ridge_weights(np.ones((3, 2)), np.zeros(3, int), [1.0, 0.0], 2)
   with pytest.raises(ValueError, match="must be > 0"):
-    fewshot.FewShotEvaluator(lambda p, x: x, {}, l2_regs=(-1.0,))
+    fewshot_lsr.FewShotEvaluator(lambda p, x: x, {}, l2_regs=(-1.0,))
 
 
 def _clusters(n_train, n_test, num_classes=5, d=32):
@@ -66,7 +66,7 @@ def _clusters(n_train, n_test, num_classes=5, d=32):
 
 def test_accuracy_rises_with_shots_and_l2_is_chosen_on_train_data():
   train, test = _clusters(60, 100)
-  results = fewshot.evaluate_dataset("blobs", train, test, 5, shots=(1, 5, 25), seeds=3,
+  results = fewshot_lsr.evaluate_dataset("blobs", train, test, 5, shots=(1, 5, 25), seeds=3,
                                      l2_regs=(0.01, 1.0, 100.0, 1e4))
   means = [r.mean for r in results]
   assert means[0] < means[1] < means[2]
@@ -78,4 +78,4 @@ def test_nan_features_are_reported():
   (x, y), test = _clusters(30, 10)
   x[3, 4] = np.nan
   with pytest.raises(FloatingPointError, match="train representations contain NaN"):
-    fewshot.evaluate_dataset("blobs", (x, y), test, 5, shots=(1,))
+    fewshot_lsr.evaluate_dataset("blobs", (x, y), test, 5, shots=(1,))

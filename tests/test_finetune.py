@@ -6,10 +6,9 @@ import os
 import numpy as np
 import pytest
 
+from helpers import DEBIAN_FASHION_MNIST, SHARED_DATA, load_config, read_scalars, tiny_config
 from vit_jax import checkpoint, export, fewshot
 from vit_jax.train import loop
-from conftest import SHARED_DATA, load_config
-from test_train import DEBIAN_FASHION_MNIST, read_scalars
 
 TINY = dict(patch_size=7, hidden_size=64, mlp_dim=128, num_heads=4, num_layers=2)
 
@@ -19,9 +18,8 @@ def pretrained(tmp_path_factory):
   """A tiny ViT pre-trained on MNIST (../shared/data), exported to .npz."""
   if not (SHARED_DATA / "mnist").is_dir() or not os.path.isdir(DEBIAN_FASHION_MNIST):
     pytest.skip("needs MNIST in ../shared/data and dataset-fashion-mnist")
-  import test_train
   workdir = tmp_path_factory.mktemp("pretrain")
-  c = test_train.tiny_config(("mnist", str(SHARED_DATA)), total_steps=400, batch_size=64,
+  c = tiny_config(("mnist", str(SHARED_DATA)), total_steps=400, batch_size=64,
                              **{"data.eval_split": "test[:500]", "model.representation_size": 64,
                                 **{f"model.{k}": v for k, v in TINY.items()},
                                 "checkpoint_every_steps": 400, "log_every_steps": 50})
@@ -55,7 +53,7 @@ def test_finetuning_beats_scratch_and_fewshot_rises_with_shots(tmp_path, pretrai
   data.prepare_fashion_mnist(data_dir)
 
   # The exported .npz loads back exactly.
-  flat, _ = checkpoint.load_orbax_params(str(export.latest_step_dir(str(workdir))))
+  flat, _ = checkpoint.read_params(checkpoint.latest_step_dir(workdir))
   np.testing.assert_array_equal(checkpoint.load_npz_flat(npz)["embedding/kernel"],
                                 flat["embedding/kernel"])
 
@@ -66,7 +64,7 @@ def test_finetuning_beats_scratch_and_fewshot_rises_with_shots(tmp_path, pretrai
   assert len(read_scalars(tmp_path / "ft", "train_loss")) == 3
 
   out_dir = tmp_path / "sweep"
-  step_dir = str(export.latest_step_dir(str(workdir)))
+  step_dir = str(checkpoint.latest_step_dir(workdir))
   code = fewshot.main([npz, step_dir, str(tmp_path / "missing.npz"), "--datasets=fashion_mnist",
                        f"--data_dir={data_dir}", "--train_split=train[:2000]",
                        "--test_split=test[:1000]", "--image_size=28", "--shots=1,5,25",

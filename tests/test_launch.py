@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, SHARED_DATA
+from helpers import REPO, SHARED_DATA
 from launch import tpu_vm
 
 TINY_CONFIG = str(REPO / "tests" / "tiny_config.py")

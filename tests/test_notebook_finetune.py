@@ -6,9 +6,7 @@ import math
 import nbformat
 import pytest
 
-from conftest import REPO
-from test_notebooks import run_notebook
-from test_train import dataset, tiny_config  # noqa: F401 (a fixture)
+from helpers import REPO, run_notebook, tiny_config
 from vit_jax import checkpoint, export
 from vit_jax.train import loop
 
@@ -26,7 +24,7 @@ def test_committed_notebook_has_no_outputs_and_a_parameters_cell():
 
 
 @pytest.fixture(scope="module")
-def pretrained_npz(dataset, tmp_path_factory):  # noqa: F811
+def pretrained_npz(dataset, tmp_path_factory):
   """A tiny ViT (tests/tiny_config.py, wider, mean-pooled) trained for 150 steps on MNIST
   (else Fashion-MNIST), exported: its few-shot accuracy rises clearly from 1 to 10 shots."""
   workdir = tmp_path_factory.mktemp("pretrain")
@@ -39,7 +37,7 @@ def pretrained_npz(dataset, tmp_path_factory):  # noqa: F811
 
 
 @pytest.mark.slow
-def test_finetune_notebook_runs_top_to_bottom(dataset, pretrained_npz, tmp_path,  # noqa: F811
+def test_finetune_notebook_runs_top_to_bottom(dataset, pretrained_npz, tmp_path,
                                               monkeypatch):
   name, data_dir = dataset
   out_dir, workdir = tmp_path / "out", tmp_path / "ft"

@@ -8,16 +8,14 @@ import jax.numpy as jnp
 import nbformat
 import numpy as np
 import pytest
-from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from PIL import Image
 
-from conftest import REPO, SHARED_DATA
+from helpers import DEBIAN_FASHION_MNIST, REPO, SHARED_DATA, run_notebook
 from vit_jax import checkpoint, explore, models
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 TINY = dict(patch_size=7, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2)
-DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 
 
 def tiny_params(seed: int = 0, **overrides) -> tuple[models.VisionTransformer, dict]:
@@ -45,16 +43,6 @@ def real_images(tmp_path_factory) -> dict[str, str]:
     return {"VIT_IMAGES": "fashion_mnist", "VIT_DATA_DIR": str(tmp_path_factory.mktemp("tfds"))}
   pytest.skip("no real images: ../shared/data is missing and dataset-fashion-mnist is not "
               "installed")
-
-
-def run_notebook(path, monkeypatch, **params: str) -> nbformat.NotebookNode:
-  for name, value in params.items():
-    monkeypatch.setenv(name, value)
-  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-  nb = nbformat.read(path, as_version=4)
-  NotebookClient(nb, timeout=600, kernel_name="python3",
-                 resources={"metadata": {"path": str(REPO)}}).execute()
-  return nb
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -103,7 +91,7 @@ def test_rollout_rows_sum_to_one_and_maps_fill_the_grid(tmp_path, classifier, to
   model, params = tiny_params(classifier=classifier)
   path = tmp_path / "ckpt.npz"
   checkpoint.save_npz(str(path), params)
-  ckpt = explore.load_checkpoint(str(path), "ViT-Ti_16", **TINY)
+  ckpt = checkpoint.load(str(path), "ViT-Ti_16", **TINY)
   assert ckpt.model.classifier == classifier and ckpt.grid == (4, 4)
   images = [np.full((28, 28, 1), 50, np.uint8), 255 * np.eye(28, dtype=np.uint8)[..., None]]
   batch = explore.preprocess(images, ckpt.image_size)
@@ -145,13 +133,13 @@ def test_posemb_similarity_of_a_patch_with_itself_is_one():
 
 
 def test_posemb_similarity_of_a_checkpoint(tiny_npz):
-  ckpt = explore.load_checkpoint(str(tiny_npz), "ViT-Ti_16", **TINY)
+  ckpt = checkpoint.load(str(tiny_npz), "ViT-Ti_16", **TINY)
   learned = explore.position_embeddings(ckpt)
   stored = ckpt.params["Transformer"]["posembed_input"]["pos_embedding"][0, 1:]
   np.testing.assert_array_equal(learned.reshape(16, 32), stored)
   # Fixed sin-cos embeddings: nearer patches are more alike, as learned ones become.
   sincos = explore.posemb_similarity(explore.position_embeddings(
-      explore.Checkpoint(models.create_model("ViT-Ti_16", posemb="sincos2d"), {}, 224, "")))
+      checkpoint.Loaded(models.create_model("ViT-Ti_16", posemb="sincos2d"), {}, 224, "")))
   assert sincos.shape == (14, 14, 14, 14)
   assert sincos[3, 3, 3, 3] > sincos[3, 3, 3, 4] > sincos[3, 3, 3, 8]
   assert sincos[3, 3, 4, 3] > sincos[3, 3, 8, 3]
@@ -198,19 +186,6 @@ def test_top_k_and_label_names(tmp_path):
   assert explore.label_names(3, None, ("x", "y")) == ["class 0", "class 1", "class 2"]
 
 
-def test_load_checkpoint_checks_the_model(tiny_npz):
-  ckpt = explore.load_checkpoint(str(tiny_npz), "ViT-Ti_16", **TINY)
-  jax.tree.map(np.testing.assert_array_equal, ckpt.params, tiny_params()[1])
-  assert ckpt.image_size == 28 and ckpt.model.num_classes == 10
-  with pytest.raises(checkpoint.CheckpointError, match=r'as overrides: \{"patch_size": 7'):
-    explore.load_checkpoint(str(tiny_npz), "ViT-Ti_16")
-  with pytest.raises(ValueError, match="Unknown model 'ViT-Q_16'. Known models: ViT-Ti_16"):
-    explore.load_checkpoint(str(tiny_npz), "ViT-Q_16")
-  bigger = explore.load_checkpoint(str(tiny_npz), "ViT-Ti_16", image_size=42, **TINY)
-  assert bigger.grid == (6, 6)
-  assert bigger.params["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 37, 32)
-
-
 def test_load_images_from_files(tmp_path):
   Image.fromarray(np.full((20, 30), 200, np.uint8)).save(tmp_path / "gray.png")
   Image.fromarray(np.zeros((10, 10, 3), np.uint8)).save(tmp_path / "rgb.png")
@@ -225,22 +200,3 @@ def test_load_images_from_files(tmp_path):
     explore.load_images(str(tmp_path / "*.jpg"))
   with pytest.raises(ValueError, match="neither a TFDS dataset nor an existing directory"):
     explore.load_images("no_such_dataset")
-
-
-@pytest.mark.slow
-def test_load_checkpoint_of_a_training_run(tmp_path):
-  if not (SHARED_DATA / "mnist").is_dir():
-    pytest.skip(f"{SHARED_DATA} is missing (only the project's own machines have it)")
-  from vit_jax.train import loop
-  import tiny_config
-  c = tiny_config.get_config()
-  c.data.name, c.data.data_dir, c.total_steps = "mnist", str(SHARED_DATA), 2
-  loop.train_and_evaluate(c, str(tmp_path))
-  flat, _ = checkpoint.load_orbax_params(str(tmp_path / "checkpoints" / "2"))
-  for path in (tmp_path, tmp_path / "checkpoints" / "2"):
-    ckpt = explore.load_checkpoint(str(path))
-    assert ckpt.model.name_in_registry == "ViT-Ti_16" and ckpt.image_size == 28
-    for key, value in checkpoint.flatten(ckpt.params).items():
-      np.testing.assert_array_equal(value, flat[key])
-  with pytest.raises(ValueError, match="holds a ViT-Ti_16, not a ViT-B_16"):
-    explore.load_checkpoint(str(tmp_path), "ViT-B_16")

@@ -1,73 +1,17 @@
 """The training job end to end on real data: learning, resuming, sharding, processes, errors."""
-import glob
 import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 
-import jax
 import numpy as np
 import pytest
-import tensorflow as tf
 
+from helpers import REPO, cli, cpu_env, read_scalars, run_cli, tiny_config
+from vit_jax import checkpoint
 from vit_jax.train import config as config_lib
 from vit_jax.train import loop
-from conftest import REPO, SHARED_DATA, load_config
-
-DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
-
-
-@pytest.fixture(scope="session")
-def dataset(tmp_path_factory):
-  """(name, data_dir) of a real dataset: MNIST from ../shared/data, else Fashion-MNIST."""
-  if (SHARED_DATA / "mnist").is_dir():
-    return "mnist", str(SHARED_DATA)
-  if os.path.isdir(DEBIAN_FASHION_MNIST):
-    from vit_jax import data
-    data_dir = str(tmp_path_factory.mktemp("tfds"))
-    data.prepare_fashion_mnist(data_dir)
-    return "fashion_mnist", data_dir
-  pytest.skip("no real dataset: ../shared/data is missing and dataset-fashion-mnist is not installed")
-
-
-def tiny_config(dataset, **overrides):
-  """tests/tiny_config.py on `dataset`, with dotted-key overrides."""
-  c = load_config("tests/tiny_config.py")
-  c.data.name, c.data.data_dir = dataset
-  for k, v in overrides.items():
-    target = c
-    *parents, leaf = k.split(".")
-    for p in parents:
-      target = target[p]
-    target[leaf] = v
-  return c
-
-
-def read_scalars(workdir, tag: str, newest_file_only: bool = False) -> dict[int, float]:
-  files = sorted(glob.glob(os.path.join(workdir, "events.out.tfevents.*")), key=os.path.getmtime)
-  values = {}
-  for f in files[-1:] if newest_file_only else files:
-    for event in tf.compat.v1.train.summary_iterator(f):
-      for v in event.summary.value:
-        if v.tag == tag:
-          values[event.step] = float(tf.make_ndarray(v.tensor))
-  return values
-
-
-def cli(workdir, dataset, *extra, config: str = "tests/tiny_config.py"):
-  name, data_dir = dataset
-  return [sys.executable, "-m", "vit_jax.main", "--config", str(REPO / config),
-          "--workdir", str(workdir), f"--config.data.name={name}",
-          f"--config.data.data_dir={data_dir}", *extra]
-
-
-def run_cli(args, devices: int = 1, **kw):
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-             JAX_PLATFORMS="cpu")
-  return subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True, timeout=600, **kw)
-
 
 @pytest.mark.slow
 def test_loss_goes_down_and_eval_counts_every_example(tmp_path, dataset):
@@ -138,8 +82,7 @@ def test_killed_run_resumes_to_the_same_losses(tmp_path, dataset, sig):
   expected = read_scalars(tmp_path / "full", "train_loss")
 
   workdir = tmp_path / "killed"
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
-  proc = subprocess.Popen(cli(workdir, dataset, "--config.total_steps=40"), env=env, cwd=REPO,
+  proc = subprocess.Popen(cli(workdir, dataset, "--config.total_steps=40"), env=cpu_env(), cwd=REPO,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   _wait_for(workdir / "checkpoints" / "8", proc)
   proc.send_signal(sig)
@@ -168,11 +111,10 @@ def test_two_processes_match_one(tmp_path, dataset):
   single = run_cli(cli(tmp_path / "single", dataset, "--config.total_steps=6", shards), devices=2)
   assert single.returncode == 0, single.stderr[-3000:]
   port = _free_port()
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
   procs = [subprocess.Popen(
       cli(tmp_path / "multi", dataset, "--config.total_steps=6", shards,
           f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"),
-      env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      env=cpu_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
       for i in range(2)]
   outs = [p.communicate(timeout=600) for p in procs]
   for p, (_, err) in zip(procs, outs):
@@ -187,18 +129,17 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_good_checkpoints(tmp_pat
                                                                           "optimizer.grad_clip_norm": 0.0})
   with pytest.raises(loop.NonFiniteLossError, match=r"NaN/inf at step \d+.*last good checkpoint"):
     loop.train_and_evaluate(c, str(tmp_path))
-  import orbax.checkpoint as ocp
-  steps = ocp.CheckpointManager(tmp_path / "checkpoints").all_steps()
+  steps = [int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
+  assert steps
   for step in steps:
-    restored = ocp.CheckpointManager(tmp_path / "checkpoints", item_names=("state", "meta")).restore(
-        step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
-    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(restored["params"]))
+    flat, _ = checkpoint.read_params(tmp_path / "checkpoints" / str(step))
+    assert all(np.isfinite(x).all() for x in flat.values())
 
 
 def test_workdir_of_another_model_refuses_to_resume(tmp_path, dataset):
   loop.train_and_evaluate(tiny_config(dataset, total_steps=4), str(tmp_path))
   other = tiny_config(dataset, total_steps=8, **{"model.hidden_size": 48})
-  with pytest.raises(ValueError, match="holds a checkpoint of a different model"):
+  with pytest.raises(ValueError, match=r"different model.*\n  model: .*'hidden_size': 32.*'hidden_size': 48"):
     loop.train_and_evaluate(other, str(tmp_path))
 
 
@@ -207,7 +148,9 @@ def test_workdir_of_another_model_refuses_to_resume(tmp_path, dataset):
     ("total_epochs", 1.0, "set exactly one of total_steps / total_epochs"),
     ("optimizer.name", "adamx", "config.optimizer.name='adamx': expected one of"),
     ("accum_steps", 5, "config.accum_steps=5: must be >= 1 and divide batch_size=32"),
-    ("data.train_crop", "foo", "data.train_crop='foo' is not one of"),
+    ("data.train_crop", "foo", "config.data.train_crop='foo': expected one of"),
+    ("data.flipp", True, "config.data.flipp=True: unknown field; did you mean flip?"),
+    ("optimizer.weight_decai", 0.0, "config.optimizer.weight_decai=0.0: unknown field; did you mean weight_decay"),
     ("cpu_devices", 0, "config.cpu_devices=0: must be None or >= 1"),
 ])
 def test_bad_config_names_the_field(field, value, message):

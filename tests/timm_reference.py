@@ -47,3 +47,48 @@ def logits(model, images: np.ndarray) -> np.ndarray:
   with torch.no_grad():
     x = torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2)))
     return model(x).numpy()
+
+
+def to_npz(model) -> dict[str, np.ndarray]:
+  """A timm ViT's weights as original-layout .npz keys (the inverse of timm's `_load_weights`)."""
+  t = lambda x: x.detach().numpy()
+  d = model.embed_dim
+  h = model.blocks[0].attn.num_heads
+  out = {}
+  emb = model.patch_embed
+  if hasattr(emb, "backbone"):
+    bb = emb.backbone
+    out["conv_root/kernel"] = t(bb.stem.conv.weight).transpose(2, 3, 1, 0)
+    out["gn_root/scale"], out["gn_root/bias"] = t(bb.stem.norm.weight), t(bb.stem.norm.bias)
+    for i, stage in enumerate(bb.stages):
+      for j, block in enumerate(stage.blocks):
+        p = f"block{i + 1}/unit{j + 1}/"
+        for r in range(1, 4):
+          out[p + f"conv{r}/kernel"] = t(getattr(block, f"conv{r}").weight).transpose(2, 3, 1, 0)
+          out[p + f"gn{r}/scale"] = t(getattr(block, f"norm{r}").weight)
+          out[p + f"gn{r}/bias"] = t(getattr(block, f"norm{r}").bias)
+        if block.downsample is not None:
+          out[p + "conv_proj/kernel"] = t(block.downsample.conv.weight).transpose(2, 3, 1, 0)
+          out[p + "gn_proj/scale"] = t(block.downsample.norm.weight)
+          out[p + "gn_proj/bias"] = t(block.downsample.norm.bias)
+  out["embedding/kernel"] = t(emb.proj.weight).transpose(2, 3, 1, 0)
+  out["embedding/bias"] = t(emb.proj.bias)
+  out["cls"] = t(model.cls_token)
+  out["Transformer/posembed_input/pos_embedding"] = t(model.pos_embed)
+  for i, block in enumerate(model.blocks):
+    p = f"Transformer/encoderblock_{i}/"
+    out[p + "LayerNorm_0/scale"], out[p + "LayerNorm_0/bias"] = t(block.norm1.weight), t(block.norm1.bias)
+    out[p + "LayerNorm_2/scale"], out[p + "LayerNorm_2/bias"] = t(block.norm2.weight), t(block.norm2.bias)
+    qkv_w, qkv_b = t(block.attn.qkv.weight), t(block.attn.qkv.bias)
+    for n, name in enumerate(("query", "key", "value")):
+      out[p + f"MultiHeadDotProductAttention_1/{name}/kernel"] = qkv_w[n * d:(n + 1) * d].T.reshape(d, h, d // h)
+      out[p + f"MultiHeadDotProductAttention_1/{name}/bias"] = qkv_b[n * d:(n + 1) * d].reshape(h, d // h)
+    out[p + "MultiHeadDotProductAttention_1/out/kernel"] = t(block.attn.proj.weight).T.reshape(h, d // h, d)
+    out[p + "MultiHeadDotProductAttention_1/out/bias"] = t(block.attn.proj.bias)
+    for r in range(2):
+      fc = getattr(block.mlp, f"fc{r + 1}")
+      out[p + f"MlpBlock_3/Dense_{r}/kernel"], out[p + f"MlpBlock_3/Dense_{r}/bias"] = t(fc.weight).T, t(fc.bias)
+  out["Transformer/encoder_norm/scale"] = t(model.norm.weight)
+  out["Transformer/encoder_norm/bias"] = t(model.norm.bias)
+  out["head/kernel"], out["head/bias"] = t(model.head.weight).T, t(model.head.bias)
+  return out

@@ -1,115 +1,23 @@
-"""What notebooks/explore_checkpoint.ipynb computes: a checkpoint and images in, top-k labels,
-attention maps (rollout and per head), position-embedding similarity and the principal
-components of the patch-embedding filters out (as in figures 6 and 7 of the ViT paper).
+"""What notebooks/explore_checkpoint.ipynb computes: from a loaded checkpoint
+(`checkpoint.load`) and images, top-k labels, attention maps (rollout and per head),
+position-embedding similarity and the principal components of the patch-embedding
+filters (as in figures 6 and 7 of the ViT paper).
 """
-import dataclasses
 import glob
 import json
-import math
 import os
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import tensorflow as tf
 from etils import epath
 
-from vit_jax import checkpoint, export, models
+from vit_jax import checkpoint, models
 from vit_jax.data import preprocess as pp
 from vit_jax.data import sources
 
-DEFAULT_IMAGE_SIZE = 224  # For models without a learned position embedding to read it from.
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
-
-
-@dataclasses.dataclass
-class Checkpoint:
-  model: models.VisionTransformer
-  params: dict[str, Any]
-  image_size: int
-  source: str
-
-  @property
-  def grid(self) -> tuple[int, int]:
-    side = self.image_size // self.model.stride
-    return side, side
-
-  @property
-  def has_class_token(self) -> bool:
-    return self.model.classifier == "token"
-
-  def summary(self) -> str:
-    n = sum(np.size(x) for x in jax.tree.leaves(self.params))
-    return (f"{self.model.name_in_registry} from {self.source}: {n:,} parameters, "
-            f"{self.model.num_classes or 'no'} classes, {self.image_size}px input, "
-            f"{self.grid[0]}x{self.grid[1]} patches of {self.model.stride}px, "
-            f"classifier={self.model.classifier!r}")
-
-
-# Fields a model name fixes; the others (head, classifier, position embedding) are read
-# from a released-layout checkpoint itself.
-_ARCHITECTURE = ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers",
-                 "resnet_layers", "resnet_width_factor")
-
-
-def _npz_model(flat: dict[str, np.ndarray], model_name: str,
-               overrides: dict[str, Any]) -> dict[str, Any]:
-  """The model fields for a released-layout checkpoint said to hold `model_name`."""
-  fields = models.model_config(model_name)  # Raises, listing the known names.
-  named = lambda k: fields.get(k, models.VisionTransformer.__dataclass_fields__[k].default)
-  found = checkpoint.infer_model_config(flat)
-  wrong = {k: v for k, v in found.items()
-           if k in _ARCHITECTURE and k not in overrides and named(k) != v}
-  if wrong:
-    raise checkpoint.CheckpointError(
-        f"The checkpoint is not a {model_name}: it has "
-        + ", ".join(f"{k}={v} ({model_name}: {named(k)})" for k, v in wrong.items())
-        + f". Name the right model, or pass these as overrides: {json.dumps(wrong)}.")
-  fields.update({k: v for k, v in found.items() if k not in _ARCHITECTURE})
-  fields["num_classes"] = flat["head/kernel"].shape[-1] if "head/kernel" in flat else None
-  return fields
-
-
-def load_checkpoint(path: str, model_name: str | None = None, image_size: int | None = None,
-                    **overrides: Any) -> Checkpoint:
-  """Loads a released / exported .npz said to hold `model_name`, or an orbax checkpoint of
-  this project (a workdir or one step dir; its model comes from its metadata).
-
-  `overrides` are VisionTransformer fields (e.g. patch_size for a custom model). The head,
-  pre-logits, classifier and position embedding are read from the checkpoint. `image_size`
-  defaults to the size the position embedding was trained at.
-  """
-  if not epath.Path(path).exists():
-    raise FileNotFoundError(f"No checkpoint at {path}.")
-  if epath.Path(path).is_dir():
-    step_dir = export.latest_step_dir(path)
-    flat, meta = checkpoint.load_orbax_params(str(step_dir))
-    if model_name and model_name != meta["model_name"]:
-      raise ValueError(f"{path} holds a {meta['model_name']}, not a {model_name}: pass "
-                       f"model_name={meta['model_name']!r} (or None).")
-    model_name = meta["model_name"]
-    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in meta["model"].items()}
-    fields["num_classes"] = meta["num_classes"]
-    source = str(step_dir)
-  else:
-    if not model_name:
-      raise ValueError(f"{path}: give the model name (one of {', '.join(models.MODEL_CONFIGS)}).")
-    flat = checkpoint.load_npz_flat(path)
-    fields = _npz_model(flat, model_name, overrides)
-    source = str(path)
-  fields.update(overrides)
-  num_classes = fields.pop("num_classes")
-  model = models.create_model(model_name, num_classes=num_classes, **fields)
-  if image_size is None:
-    image_size = DEFAULT_IMAGE_SIZE
-    if checkpoint.POSEMB_KEY in flat:
-      tokens = flat[checkpoint.POSEMB_KEY].shape[1] - (model.classifier == "token")
-      image_size = math.isqrt(tokens) * model.stride
-  abstract = jax.eval_shape(model.init, jax.random.key(0),
-                            jnp.zeros((1, image_size, image_size, 3)))["params"]
-  params = checkpoint.fit_to_target(flat, abstract)
-  return Checkpoint(model, params, image_size, source)
 
 
 def load_images(source: str, split: str = "test", data_dir: str | None = None,
@@ -144,7 +52,7 @@ def preprocess(images: Sequence[np.ndarray], image_size: int,
                                                  *value_range)).numpy() for im in images])
 
 
-def predict(ckpt: Checkpoint, batch: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+def predict(ckpt: checkpoint.Loaded, batch: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
   """(logits (B, classes), attention weights: per layer (B, heads, tokens, tokens))."""
   logits, aux = jax.jit(lambda params, x: ckpt.model.apply(
       {"params": params}, x, return_attention=True))(ckpt.params, batch)
@@ -199,7 +107,7 @@ def token_maps(matrix: np.ndarray, grid: tuple[int, int], has_class_token: bool)
   return rows.reshape(*rows.shape[:-1], *grid)
 
 
-def position_embeddings(ckpt: Checkpoint) -> np.ndarray:
+def position_embeddings(ckpt: checkpoint.Loaded) -> np.ndarray:
   """The patches' position embeddings, (h, w, D): learned, or the fixed sin-cos ones."""
   h, w = ckpt.grid
   if ckpt.model.posemb == "sincos2d":
@@ -259,4 +167,4 @@ def parse_overrides(text: str | None) -> dict[str, Any]:
   overrides = json.loads(text or "{}")
   if not isinstance(overrides, dict):
     raise ValueError(f"Model overrides must be a JSON object, got {text!r}.")
-  return {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
+  return overrides

@@ -1,29 +1,20 @@
-"""Exports a training run's params as a released-layout .npz.
+"""Exports a checkpoint's params as a released-layout .npz.
 
-python -m vit_jax.export WORKDIR_OR_STEP_DIR OUT.npz
+python -m vit_jax.export CHECKPOINT OUT.npz
 
-WORKDIR takes its latest checkpoint. The .npz loads with `checkpoint.load_npz`,
+CHECKPOINT: a training run's workdir (its latest step), one of its step directories, or
+an .npz in any layout the project reads. The output loads with `checkpoint.load_npz`,
 timm's `_load_weights` and the official code; its model is printed, for `--model`.
 """
 import sys
-
-from etils import epath
+from typing import Any
 
 from vit_jax import checkpoint
 
 
-def latest_step_dir(path: str) -> epath.Path:
-  path = epath.Path(path)
-  if (path / "checkpoints").is_dir():
-    steps = [p for p in (path / "checkpoints").iterdir() if p.name.isdigit()]
-    if not steps:
-      raise checkpoint.CheckpointError(f"{path}/checkpoints holds no finished checkpoint.")
-    return max(steps, key=lambda p: int(p.name))
-  return path
-
-
-def export(path: str, out: str) -> dict:
-  flat, meta = checkpoint.load_orbax_params(str(latest_step_dir(path)))
+def export(path: str, out: str) -> dict[str, Any] | None:
+  """Writes `path`'s params to `out`; returns the run's metadata (None for an .npz)."""
+  flat, meta, _ = checkpoint.read(path)
   checkpoint.save_npz(out, checkpoint.unflatten(flat))
   return meta
 
@@ -33,7 +24,8 @@ def main(argv: list[str]) -> int:
     print(__doc__, file=sys.stderr)
     return 2
   meta = export(argv[1], argv[2])
-  print(f"Wrote {argv[2]}: {meta['model_name']} {meta['model']}")
+  model = f"{meta['model_name']} {meta['model']}" if meta else "the input's model"
+  print(f"Wrote {argv[2]}: {model}")
   return 0
 
 

@@ -1,8 +1,9 @@
 """Few-shot sweeps over checkpoints: `python -m vit_jax.fewshot CKPT... --datasets a,b`.
 
 Checkpoints: released .npz files (any layout; `--model` names the architecture, else it
-is read off the arrays' shapes) or this project's orbax step directories
-(`WORKDIR/checkpoints/STEP`, the model is read from the checkpoint), globs allowed. Writes fewshot.csv, fewshot.md and fewshot.png to --out_dir:
+is read off the arrays' shapes), training runs' workdirs (their latest step) or step
+directories (the model is read from the run), globs allowed. Writes fewshot.csv,
+fewshot.md and fewshot.png to --out_dir:
 checkpoint x dataset x shots, mean ± std over seeds. A checkpoint that fails to load is
 reported and the sweep goes on.
 """
@@ -12,66 +13,13 @@ import glob
 import os
 import sys
 import traceback
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from etils import epath
 
-from vit_jax import checkpoint, data, models
-from vit_jax.evaluators import fewshot as fewshot_lib
+from vit_jax import checkpoint, models
+from vit_jax.evaluators import fewshot_lsr
 from vit_jax.train import sharding
-
-
-def dataset_batches(name: str, data_dir: str | None, split: str, image_size: int,
-                    batch_size: int) -> tuple[Callable, int]:
-  """A callable giving one masked pass over `split`, and the number of classes."""
-  cfg = data.get_data_config()
-  cfg.update(name=name, data_dir=data_dir, eval_split=split, train_split=split,
-             image_size=image_size)
-  info = data.dataset_info(cfg)
-  batch_sharding = sharding.batch_sharding(sharding.make_mesh())
-  return (lambda: data.eval_iterator(cfg, global_batch_size=batch_size, sharding=batch_sharding),
-          info.num_classes)
-
-
-def fewshot_datasets(names: Sequence[str], data_dir: str | None, train_split: str,
-                     test_split: str, image_size: int, batch_size: int) -> dict[str, tuple]:
-  out = {}
-  for name in names:
-    train, num_classes = dataset_batches(name, data_dir, train_split, image_size, batch_size)
-    test, _ = dataset_batches(name, data_dir, test_split, image_size, batch_size)
-    out[name] = (train, test, num_classes)
-  return out
-
-
-def load_for_representation(path: str, model_name: str | None,
-                            image_size: int) -> tuple[models.VisionTransformer, Any]:
-  """A head-less model and its params from an .npz or an orbax step directory.
-
-  The architecture comes from the orbax checkpoint's metadata, from `model_name`, or
-  else is read off the .npz's array shapes.
-  """
-  if epath.Path(path).is_dir():
-    flat, meta = checkpoint.load_orbax_params(path)
-    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in meta["model"].items()}
-  else:
-    flat = checkpoint.load_npz_flat(path)
-    fields = (models.model_config(models.resolve_name(model_name)) if model_name
-              else checkpoint.infer_model_config(flat))
-  flat = {k: v for k, v in flat.items() if not k.startswith("head/")}
-  if "pre_logits/kernel" in flat:  # The representation is the pre-logits output.
-    fields["representation_size"] = flat["pre_logits/kernel"].shape[-1]
-  model = models.VisionTransformer(num_classes=None, **fields)
-  abstract = jax.eval_shape(model.init, jax.random.key(0),
-                            jnp.zeros((1, image_size, image_size, 3)))["params"]
-  return model, checkpoint.fit_to_target(flat, abstract)
-
-
-def representation_fn(model: models.VisionTransformer) -> Callable:
-  return lambda params, images: model.apply({"params": params}, images, return_aux=True)[1][
-      "pre_logits"]
 
 
 def write_reports(rows: list[dict], failures: dict[str, str], out_dir: str) -> None:
@@ -117,31 +65,36 @@ def _plot(rows: list[dict], datasets: list[str], path: str) -> None:
   plt.close(fig)
 
 
+def _probe(path: str, model_name: str | None, image_size: int, datasets: dict,
+           shots: Sequence[int], seeds: int, l2_regs: Sequence[float]) -> list[dict]:
+  ckpt = checkpoint.load(path, model_name and models.resolve_name(model_name),
+                         image_size=image_size, head=False)
+  evaluator = fewshot_lsr.FewShotEvaluator(fewshot_lsr.representation_fn(ckpt.model), datasets,
+                                           shots, seeds, l2_regs)
+  rows = []
+  for r in evaluator.run_detailed(ckpt.params):
+    rows.append(dict(checkpoint=path, dataset=r.dataset, shots=r.shots, mean=r.mean, std=r.std,
+                     l2=r.l2, accuracies=" ".join(f"{a:.4f}" for a in r.accuracies)))
+    print(f"  {r.dataset} {r.shots:>3}-shot: {100 * r.mean:.2f} ± {100 * r.std:.2f} "
+          f"(l2={r.l2:g})", flush=True)
+  return rows
+
+
 def sweep(checkpoints: Sequence[str], model_name: str | None, datasets: Sequence[str],
           data_dir: str | None, train_split: str, test_split: str, image_size: int,
           batch_size: int, shots: Sequence[int], seeds: int, l2_regs: Sequence[float],
           out_dir: str) -> tuple[list[dict], dict[str, str]]:
+  """Probes every checkpoint on every dataset; a checkpoint that fails is reported, not fatal."""
   if min(l2_regs) <= 0:
     raise ValueError(f"--l2 values must be > 0, got {list(l2_regs)}.")
-  batches = fewshot_datasets(datasets, data_dir, train_split, test_split, image_size, batch_size)
+  batches = fewshot_lsr.fewshot_datasets(datasets, data_dir, train_split, test_split,
+                                         image_size, batch_size,
+                                         sharding.batch_sharding(sharding.make_mesh()))
   rows, failures = [], {}
   for i, path in enumerate(checkpoints):
     print(f"[{i + 1}/{len(checkpoints)}] {path}", flush=True)
     try:
-      model, params = load_for_representation(path, model_name, image_size)
-      fn = jax.jit(representation_fn(model))
-      for name, (train, test, num_classes) in batches.items():
-        print(f"  {name}: features ...", flush=True)
-        feats = [fewshot_lib.compute_features(lambda x: fn(params, x), b()) for b in (train, test)]
-        try:
-          results = fewshot_lib.evaluate_dataset(name, *feats, num_classes, shots, seeds, l2_regs)
-        except FloatingPointError as e:
-          raise FloatingPointError(f"{path}: {e}") from None
-        for r in results:
-          rows.append(dict(checkpoint=path, dataset=name, shots=r.shots, mean=r.mean, std=r.std,
-                           l2=r.l2, accuracies=" ".join(f"{a:.4f}" for a in r.accuracies)))
-          print(f"  {name} {r.shots:>3}-shot: {100 * r.mean:.2f} ± {100 * r.std:.2f} "
-                f"(l2={r.l2:g})", flush=True)
+      rows += _probe(path, model_name, image_size, batches, shots, seeds, l2_regs)
     except Exception as e:  # Report and go on with the next checkpoint.
       failures[path] = f"{type(e).__name__}: {e}"
       print(f"  FAILED: {failures[path]}", file=sys.stderr, flush=True)
@@ -168,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("--shots", type=_ints, default=[1, 5, 10, 25])
   p.add_argument("--seeds", type=int, default=3)
   p.add_argument("--l2", type=lambda s: [float(v) for v in s.split(",")],
-                 default=list(fewshot_lib.DEFAULT_L2))
+                 default=list(fewshot_lsr.DEFAULT_L2))
   p.add_argument("--out_dir", default="fewshot_results")
   args = p.parse_args(argv)
   paths = []

@@ -3,6 +3,8 @@ import numbers
 
 import ml_collections
 
+from vit_jax.config_errors import check, check_known
+
 TRAIN_CROPS = ("inception", "random_crop", "resize")
 EVAL_CROPS = ("resize", "central_crop")
 ON_BAD_IMAGE = ("fail", "skip")
@@ -42,51 +44,45 @@ def get_data_config() -> ml_collections.ConfigDict:
   return c
 
 
-def _fail(field: str, value, why: str) -> None:
-  raise ValueError(f"data.{field}={value!r} {why}")
+def _check(ok: bool, field: str, value, why: str) -> None:
+  check(ok, f"data.{field}", value, why)
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_pair(value) -> bool:
+  return (isinstance(value, (tuple, list)) and len(value) == 2 and
+          all(isinstance(v, numbers.Real) for v in value) and value[0] < value[1])
 
 
 def validate(cfg: ml_collections.ConfigDict) -> None:
-  """Raises ValueError naming the first field of `cfg` that is wrong."""
+  """Raises ConfigError naming the first field of `cfg` that is wrong."""
   defaults = get_data_config()
   for key in cfg.keys():
-    if key not in defaults:
-      raise ValueError(
-          f"data.{key} is not a known field; known: {sorted(defaults.keys())}")
+    check_known(f"data.{key}", cfg[key], defaults.keys())
   for key in defaults.keys():
-    if key not in cfg:
-      raise ValueError(f"data.{key} is missing; start from get_data_config()")
+    _check(key in cfg, key, None, "missing; start from get_data_config()")
 
   for field, choices in (("train_crop", TRAIN_CROPS), ("eval_crop", EVAL_CROPS),
                          ("on_bad_image", ON_BAD_IMAGE)):
-    if cfg[field] not in choices:
-      _fail(field, cfg[field], f"is not one of {choices}")
+    _check(cfg[field] in choices, field, cfg[field], f"expected one of {choices}")
   for field in ("name", "train_split", "eval_split"):
-    if not isinstance(cfg[field], str) or not cfg[field]:
-      _fail(field, cfg[field], "must be a non-empty string")
+    _check(isinstance(cfg[field], str) and bool(cfg[field]), field, cfg[field],
+           "must be a non-empty string")
   for field, minimum in (("image_size", 1), ("crop_padding", 0),
                          ("shuffle_buffer", 1), ("cache_max_mb", 0),
                          ("threads", 0), ("prefetch", 0), ("num_shards", 0)):
-    value = cfg[field]
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-      _fail(field, value, f"must be an integer >= {minimum}")
+    _check(_is_int(cfg[field]) and cfg[field] >= minimum, field, cfg[field],
+           f"must be an integer >= {minimum}")
   for field in ("flip", "cache", "download"):
-    if not isinstance(cfg[field], bool):
-      _fail(field, cfg[field], "must be True or False")
-
-  def pair(field):
-    value = cfg[field]
-    if (not isinstance(value, (tuple, list)) or len(value) != 2 or
-        not all(isinstance(v, numbers.Real) for v in value) or
-        not value[0] < value[1]):
-      _fail(field, value, "must be a pair (low, high) with low < high")
-    return value
-
-  low, high = pair("inception_area")
-  if not (0 < low and high <= 1):
-    _fail("inception_area", cfg.inception_area, "must lie in (0, 1]")
-  pair("value_range")
-  if not 0 < cfg.central_crop_fraction <= 1:
-    _fail("central_crop_fraction", cfg.central_crop_fraction, "must be in (0, 1]")
-  if not isinstance(cfg.mixup_alpha, numbers.Real) or cfg.mixup_alpha < 0:
-    _fail("mixup_alpha", cfg.mixup_alpha, "must be a number >= 0 (0: off)")
+    _check(isinstance(cfg[field], bool), field, cfg[field], "must be True or False")
+  for field in ("inception_area", "value_range"):
+    _check(_is_pair(cfg[field]), field, cfg[field], "must be a pair (low, high) with low < high")
+  _check(0 < cfg.inception_area[0] and cfg.inception_area[1] <= 1, "inception_area",
+         cfg.inception_area, "must lie in (0, 1]")
+  _check(0 < cfg.central_crop_fraction <= 1, "central_crop_fraction",
+         cfg.central_crop_fraction, "must be in (0, 1]")
+  _check(isinstance(cfg.mixup_alpha, numbers.Real) and cfg.mixup_alpha >= 0, "mixup_alpha",
+         cfg.mixup_alpha, "must be a number >= 0 (0: off)")

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax.train import trainer
+from vit_jax import losses
 
 
 class ClassificationEvaluator:
@@ -22,10 +22,10 @@ class ClassificationEvaluator:
     def sums(params, batch):
       logits = predict_fn(params, batch["image"])
       mask, num_classes = batch["mask"], logits.shape[-1]
-      label = jnp.argmax(trainer.onehot_targets(batch["label"], num_classes), -1)
+      label = jnp.argmax(losses.onehot_targets(batch["label"], num_classes), -1)
       out = {
           "count": jnp.sum(mask),
-          "loss": jnp.sum(trainer.per_example_loss(loss_name, logits, batch["label"]) * mask),
+          "loss": jnp.sum(losses.per_example_loss(loss_name, logits, batch["label"]) * mask),
           "accuracy": jnp.sum((jnp.argmax(logits, -1) == label) * mask),
       }
       if num_classes >= 5:

@@ -41,15 +41,38 @@ FIELDS = tuple(f for f in VisionTransformer.__dataclass_fields__
                 if f not in ("parent", "name", "name_in_registry"))
 
 
+# The fields a model name fixes; the others (pooling, pre-logits, position embedding, head,
+# regularisation, numerics) vary between checkpoints of one architecture.
+ARCHITECTURE = ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers",
+                "resnet_layers", "resnet_width_factor")
+
+
 def model_config(name: str, **overrides: Any) -> dict[str, Any]:
-  """The constructor arguments of a named model, with overrides applied."""
+  """The constructor arguments of a named model, with overrides applied.
+
+  Lists become tuples, as JSON and the command line give back a `resnet_layers` tuple.
+  """
   if name not in MODEL_CONFIGS:
     raise ValueError(f"Unknown model {name!r}. Known models: {', '.join(MODEL_CONFIGS)}.")
   unknown = sorted(set(overrides) - set(FIELDS))
   if unknown:
     raise ValueError(f"Unknown model option(s) {unknown} for {name}. "
                      f"Valid options: {', '.join(FIELDS)}.")
+  overrides = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
   return {**MODEL_CONFIGS[name], **overrides}
+
+
+def architecture(fields: dict[str, Any]) -> dict[str, Any]:
+  """The ARCHITECTURE part of model fields, defaults filled in."""
+  default = lambda k: VisionTransformer.__dataclass_fields__[k].default
+  return {k: tuple(v) if isinstance(v, list) else v
+          for k, v in ((k, fields.get(k, default(k))) for k in ARCHITECTURE)}
+
+
+def match_name(fields: dict[str, Any]) -> str | None:
+  """The first registry name with the architecture of `fields`, if any."""
+  want = architecture(fields)
+  return next((n for n, c in MODEL_CONFIGS.items() if architecture(c) == want), None)
 
 
 def create_model(name: str, num_classes: int | None = 1000, **overrides: Any) -> VisionTransformer:

@@ -1,9 +1,10 @@
 """The training config's defaults and its validation (before anything compiles)."""
 import ml_collections
 
-from vit_jax import data, models
+from vit_jax import data, losses, models
+from vit_jax.config_errors import check, check_known
 from vit_jax.data import config as data_config
-from vit_jax.train import optimizers, trainer
+from vit_jax.train import optimizers
 
 DTYPES = ("float32", "bfloat16")
 # The model fields a config may override (typed, so that the command line can set them).
@@ -34,10 +35,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.warmup_steps = ml_collections.FieldReference(None, field_type=int)
   c.warmup_epochs = ml_collections.FieldReference(None, field_type=float)
 
-  c.optimizer = ml_collections.ConfigDict(dict(
-      name="adamw", lr=1e-3, end_lr=0.0, decay="linear", b1=0.9, b2=0.999, momentum=0.9,
-      weight_decay=0.1, grad_clip_norm=1.0,
-      mu_dtype=ml_collections.FieldReference(None, field_type=str)))
+  c.optimizer = optimizers.default_config()
   c.loss = "softmax_xent"
 
   # Few-shot linear probes run with the evaluation (off while `datasets` is empty).
@@ -58,53 +56,44 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-class ConfigError(ValueError):
-  pass
-
-
-def _check(ok: bool, field: str, value, why: str) -> None:
-  if not ok:
-    raise ConfigError(f"config.{field}={value!r}: {why}")
-
-
 def validate(c: ml_collections.ConfigDict) -> None:
   """Raises ConfigError naming the first wrong field."""
   known = base_config()
   for key in c.keys():
-    _check(key in known, key, c[key], f"unknown field; known fields: {sorted(known.keys())}")
-  _check(c.model_name in models.MODEL_CONFIGS, "model_name", c.model_name,
-         f"unknown model; known: {', '.join(models.MODEL_CONFIGS)}")
-  for key in c.model.keys():
-    _check(key in known.model, f"model.{key}", c.model[key],
-           f"unknown model field; known: {sorted(known.model.keys())}")
-  _check(c.dtype in DTYPES, "dtype", c.dtype, f"expected one of {DTYPES}")
-  _check(c.loss in trainer.LOSSES, "loss", c.loss, f"expected one of {trainer.LOSSES}")
+    check_known(key, c[key], known.keys())
+  check(c.model_name in models.MODEL_CONFIGS, "model_name", c.model_name,
+        f"unknown model; known: {', '.join(models.MODEL_CONFIGS)}")
+  for group in ("model", "optimizer", "fewshot", "mesh"):
+    for key in c[group].keys():
+      check_known(f"{group}.{key}", c[group][key], known[group].keys())
+  check(c.dtype in DTYPES, "dtype", c.dtype, f"expected one of {DTYPES}")
+  check(c.loss in losses.LOSSES, "loss", c.loss, f"expected one of {losses.LOSSES}")
   o = c.optimizer
-  _check(o.name in optimizers.OPTIMIZERS, "optimizer.name", o.name,
-         f"expected one of {optimizers.OPTIMIZERS}")
-  _check(o.decay in optimizers.DECAYS, "optimizer.decay", o.decay,
-         f"expected one of {optimizers.DECAYS}")
-  _check(o.lr > 0, "optimizer.lr", o.lr, "must be > 0")
-  _check(0 <= o.end_lr <= o.lr, "optimizer.end_lr", o.end_lr, "must be in [0, optimizer.lr]")
-  _check(o.weight_decay >= 0, "optimizer.weight_decay", o.weight_decay, "must be >= 0")
-  _check(o.mu_dtype in (None, *DTYPES), "optimizer.mu_dtype", o.mu_dtype,
-         f"expected None or one of {DTYPES}")
-  _check(c.batch_size > 0, "batch_size", c.batch_size, "must be > 0")
-  _check(c.accum_steps >= 1 and c.batch_size % c.accum_steps == 0, "accum_steps", c.accum_steps,
-         f"must be >= 1 and divide batch_size={c.batch_size}")
-  _check((c.total_steps is None) != (c.total_epochs is None), "total_steps", c.total_steps,
-         f"set exactly one of total_steps / total_epochs (total_epochs={c.total_epochs})")
-  _check(c.warmup_steps is None or c.warmup_epochs is None, "warmup_steps", c.warmup_steps,
-         f"set at most one of warmup_steps / warmup_epochs (warmup_epochs={c.warmup_epochs})")
+  check(o.name in optimizers.OPTIMIZERS, "optimizer.name", o.name,
+        f"expected one of {optimizers.OPTIMIZERS}")
+  check(o.decay in optimizers.DECAYS, "optimizer.decay", o.decay,
+        f"expected one of {optimizers.DECAYS}")
+  check(o.lr > 0, "optimizer.lr", o.lr, "must be > 0")
+  check(0 <= o.end_lr <= o.lr, "optimizer.end_lr", o.end_lr, "must be in [0, optimizer.lr]")
+  check(o.weight_decay >= 0, "optimizer.weight_decay", o.weight_decay, "must be >= 0")
+  check(o.mu_dtype in (None, *DTYPES), "optimizer.mu_dtype", o.mu_dtype,
+        f"expected None or one of {DTYPES}")
+  check(c.batch_size > 0, "batch_size", c.batch_size, "must be > 0")
+  check(c.accum_steps >= 1 and c.batch_size % c.accum_steps == 0, "accum_steps", c.accum_steps,
+        f"must be >= 1 and divide batch_size={c.batch_size}")
+  check((c.total_steps is None) != (c.total_epochs is None), "total_steps", c.total_steps,
+        f"set exactly one of total_steps / total_epochs (total_epochs={c.total_epochs})")
+  check(c.warmup_steps is None or c.warmup_epochs is None, "warmup_steps", c.warmup_steps,
+        f"set at most one of warmup_steps / warmup_epochs (warmup_epochs={c.warmup_epochs})")
   for key in ("log_every_steps", "checkpoint_every_steps", "keep_checkpoints"):
-    _check(c[key] >= 1, key, c[key], "must be >= 1")
-  _check(c.cpu_devices is None or c.cpu_devices >= 1, "cpu_devices", c.cpu_devices,
-         "must be None or >= 1")
-  _check(c.eval_every_steps is None or c.eval_every_steps >= 1, "eval_every_steps",
-         c.eval_every_steps, "must be None or >= 1")
-  _check(all(l2 > 0 for l2 in c.fewshot.l2), "fewshot.l2", c.fewshot.l2, "values must be > 0")
-  _check(all(isinstance(k, int) and k > 0 for k in c.fewshot.shots), "fewshot.shots",
-         c.fewshot.shots, "must be positive integers")
+    check(c[key] >= 1, key, c[key], "must be >= 1")
+  check(c.cpu_devices is None or c.cpu_devices >= 1, "cpu_devices", c.cpu_devices,
+        "must be None or >= 1")
+  check(c.eval_every_steps is None or c.eval_every_steps >= 1, "eval_every_steps",
+        c.eval_every_steps, "must be None or >= 1")
+  check(all(l2 > 0 for l2 in c.fewshot.l2), "fewshot.l2", c.fewshot.l2, "values must be > 0")
+  check(all(isinstance(k, int) and k > 0 for k in c.fewshot.shots), "fewshot.shots",
+        c.fewshot.shots, "must be positive integers")
   data_config.validate(c.data)
 
 
@@ -114,6 +103,14 @@ def resolve_steps(c: ml_collections.ConfigDict, num_train_examples: int) -> tupl
   total = c.total_steps if c.total_steps is not None else round(c.total_epochs * steps_per_epoch)
   warmup = (c.warmup_steps if c.warmup_steps is not None else
             round((c.warmup_epochs or 0) * steps_per_epoch))
-  _check(total >= 1, "total_steps", total, "the run must last at least one step")
-  _check(0 <= warmup <= total, "warmup_steps", warmup, f"must be in [0, total steps={total}]")
+  check(total >= 1, "total_steps", total, "the run must last at least one step")
+  check(0 <= warmup <= total, "warmup_steps", warmup, f"must be in [0, total steps={total}]")
   return total, warmup
+
+
+def micro_batch_size(c: ml_collections.ConfigDict, num_devices: int) -> int:
+  """Examples per train-step call; fails unless they split evenly over the devices."""
+  micro_batch = c.batch_size // c.accum_steps
+  check(micro_batch % num_devices == 0, "batch_size", c.batch_size,
+        f"each micro-batch ({micro_batch}) must split evenly over the {num_devices} devices")
+  return micro_batch

@@ -1,22 +1,24 @@
-"""The training loop: data -> sharded train step -> metrics, evaluation, checkpoints."""
+"""The training loop: restore or initialise, build the evaluators, run the steps."""
+import dataclasses
 import json
 import logging
 import signal
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 import orbax.checkpoint as ocp
 from clu import metric_writers, periodic_actions
-from etils import epath
 from jax.experimental import multihost_utils
 
-from vit_jax import checkpoint, data, fewshot, models
+from vit_jax import checkpoint, data, models
+from vit_jax.checkpoint import run
+from vit_jax.evaluators import fewshot_lsr
 from vit_jax.evaluators.classification import ClassificationEvaluator
-from vit_jax.evaluators.fewshot import FewShotEvaluator
 from vit_jax.train import config as config_lib
 from vit_jax.train import optimizers, sharding, trainer
 
@@ -44,8 +46,7 @@ class _Preemption:
 
 
 def _model_overrides(c: ml_collections.ConfigDict) -> dict[str, Any]:
-  """The model fields the config sets (tuples may come back from the command line as lists)."""
-  return {k: tuple(v) if isinstance(v, list) else v for k, v in c.model.items() if v is not None}
+  return {k: v for k, v in c.model.items() if v is not None}
 
 
 def build_model(c: ml_collections.ConfigDict, num_classes: int) -> models.VisionTransformer:
@@ -53,132 +54,174 @@ def build_model(c: ml_collections.ConfigDict, num_classes: int) -> models.Vision
                              dtype=jnp.dtype(c.dtype), **_model_overrides(c))
 
 
-def _meta(c: ml_collections.ConfigDict, model: models.VisionTransformer) -> dict[str, Any]:
+def run_meta(c: ml_collections.ConfigDict, num_classes: int) -> dict[str, Any]:
   """What a checkpoint must agree with to be resumed."""
   fields = models.model_config(c.model_name, **_model_overrides(c))
   fields = {k: v for k, v in fields.items() if k not in ("dropout", "attention_dropout", "remat",
                                                          "attention_impl")}
-  return {"model_name": c.model_name, "num_classes": model.num_classes,
+  return {"model_name": c.model_name, "num_classes": num_classes,
           "model": json.loads(json.dumps(fields, default=list))}
 
 
-def _check_resumable(found: dict[str, Any], wanted: dict[str, Any], workdir: str) -> None:
-  if found != wanted:
-    raise ValueError(
-        f"{workdir} holds a checkpoint of a different model ({found['model_name']}, "
-        f"{found['num_classes']} classes, {found['model']}) than the config asks for "
-        f"({wanted['model_name']}, {wanted['num_classes']} classes, {wanted['model']}). "
-        "Use a new --workdir, or the config that wrote the checkpoint.")
+@dataclasses.dataclass
+class _Job:
+  """What the config and the dataset fix before the first step."""
+  config: ml_collections.ConfigDict
+  workdir: str
+  model: models.VisionTransformer
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
+  mesh: jax.sharding.Mesh
+  micro_batch: int
+  loop_steps: int  # Train-step calls: optimizer updates x accum_steps.
+
+  @classmethod
+  def from_config(cls, c: ml_collections.ConfigDict, workdir: str) -> "_Job":
+    config_lib.validate(c)
+    info = data.dataset_info(c.data)
+    total_steps, warmup_steps = config_lib.resolve_steps(c, info.num_train_examples)
+    tx, schedule = optimizers.make_optimizer(c.optimizer, total_steps, warmup_steps,
+                                             c.accum_steps)
+    return cls(c, workdir, build_model(c, info.num_classes), tx, schedule,
+               sharding.make_mesh(c.mesh.data, c.mesh.fsdp),
+               config_lib.micro_batch_size(c, jax.device_count()),
+               total_steps * c.accum_steps)
+
+  @property
+  def batch_sharding(self) -> jax.sharding.NamedSharding:
+    return sharding.batch_sharding(self.mesh)
+
+
+def _restore_or_init(job: _Job, manager: ocp.CheckpointManager, rng: jax.Array
+                     ) -> tuple[trainer.TrainState, trainer.TrainState, int]:
+  """The state to start from (the latest checkpoint, else `config.pretrained` or an
+  initialisation), its shardings, and its step."""
+  c = job.config
+  image_shape = (c.data.image_size, c.data.image_size, 3)
+  start = manager.latest_step() or 0
+  params = None
+  if start == 0 and c.pretrained:
+    abstract = jax.eval_shape(job.model.init, rng, jnp.zeros((1,) + image_shape))["params"]
+    params = checkpoint.load_params(c.pretrained, abstract)
+    logging.info("Initialised from %s.", c.pretrained)
+  state, shardings = trainer.init_state(job.model, job.tx, job.mesh, image_shape, rng, params)
+  if start:
+    run.check_resumable(run.restore_meta(manager, start), run_meta(c, job.model.num_classes),
+                        job.workdir)
+    state = run.restore_state(manager, start, state, shardings)
+    logging.info("Resumed from %s at step %d.", job.workdir, start)
+  return state, shardings, start
+
+
+def _build_evaluators(job: _Job) -> dict[str, Any]:
+  """Evaluators by metric prefix: `eval` (classification), `fewshot` if configured."""
+  c, model = job.config, job.model
+  predict = lambda params, images: model.apply({"params": params}, images)
+  evaluators = {"eval": ClassificationEvaluator(
+      predict, lambda: data.eval_iterator(c.data, global_batch_size=job.micro_batch,
+                                          sharding=job.batch_sharding), c.loss)}
+  if c.fewshot.datasets:
+    f = c.fewshot
+    datasets = fewshot_lsr.fewshot_datasets(f.datasets, f.data_dir, f.train_split, f.test_split,
+                                            c.data.image_size, job.micro_batch,
+                                            job.batch_sharding)
+    evaluators["fewshot"] = fewshot_lsr.FewShotEvaluator(
+        fewshot_lsr.representation_fn(model), datasets, f.shots, f.seeds, f.l2)
+  return evaluators
+
+
+class _TrainMetrics:
+  """Per-step metrics since the last write: their means go to the writer, and a NaN/inf
+  among them stops the run, naming its step, before anything is saved."""
+
+  def __init__(self, job: _Job, writer: metric_writers.MetricWriter, last_good: Callable):
+    self.job, self.writer, self.last_good = job, writer, last_good
+    self.pending, self.t0 = [], time.time()
+
+  def add(self, step: int, metrics: dict[str, jax.Array]) -> None:
+    self.pending.append((step, metrics))
+
+  def check_finite(self) -> list[dict[str, np.ndarray]]:
+    """The pending metrics on the host; raises at the first non-finite one."""
+    host = jax.device_get(self.pending)
+    for step, m in host:
+      if not (np.isfinite(m["loss"]) and np.isfinite(m["grad_norm"])):
+        raise NonFiniteLossError(
+            f"Loss or gradients became NaN/inf at step {step}; stopped without saving. "
+            f"The last good checkpoint in {self.job.workdir} is step {self.last_good()}.")
+    return [m for _, m in host]
+
+  def write(self, step: int) -> None:
+    metrics = self.check_finite()
+    summary = jax.tree.map(lambda *x: float(np.mean(x)), *metrics)
+    elapsed = time.time() - self.t0
+    self.writer.write_scalars(step, {
+        "train_loss": summary["loss"], "grad_norm": summary["grad_norm"],
+        "learning_rate": float(self.job.schedule(step // self.job.config.accum_steps)),
+        "img_per_sec": len(metrics) * self.job.micro_batch / elapsed})
+    self.restart_clock()
+
+  def restart_clock(self) -> None:
+    self.pending, self.t0 = [], time.time()
+
+
+def _evaluate(evaluators: dict[str, Any], params: Any, step: int,
+              writer: metric_writers.MetricWriter, progress: Any) -> dict[str, float]:
+  """Runs every evaluator; `eval` metrics keep their names, the others get their prefix."""
+  out = {}
+  for prefix, evaluator in evaluators.items():
+    with progress.timed(prefix):
+      metrics = evaluator.run(params)
+    writer.write_scalars(step, {f"{prefix}_{k}": v for k, v in metrics.items()})
+    out |= {k if prefix == "eval" else f"{prefix}_{k}": v for k, v in metrics.items()}
+  return out
+
+
+def _run_steps(job: _Job, state: trainer.TrainState, start: int, train_step: Callable,
+               batches: Any, evaluators: dict[str, Any], manager: ocp.CheckpointManager,
+               writer: metric_writers.MetricWriter) -> dict[str, float]:
+  c, meta = job.config, run_meta(job.config, job.model.num_classes)
+  progress = periodic_actions.ReportProgress(num_train_steps=job.loop_steps, writer=writer,
+                                             every_steps=c.log_every_steps)
+  log = _TrainMetrics(job, writer, manager.latest_step)
+  preemption = _Preemption()
+  eval_metrics = {}
+  for step in range(start + 1, job.loop_steps + 1):
+    state, metrics = train_step(state, next(batches))
+    log.add(step, metrics)
+    progress(step)
+    if step % c.log_every_steps == 0 or step == job.loop_steps:
+      log.write(step)
+    if step == job.loop_steps or (c.eval_every_steps and step % c.eval_every_steps == 0):
+      eval_metrics = _evaluate(evaluators, state.params, step, writer, progress)
+      log.restart_clock()
+    preempted = preemption.reached(step)
+    if step % c.checkpoint_every_steps == 0 or step == job.loop_steps or preempted:
+      log.check_finite()
+      run.save(manager, step, state, meta)
+    if preempted:
+      logging.warning("Preempted: saved step %d to %s; rerun the same command to resume.",
+                      step, job.workdir)
+      break
+  return eval_metrics
 
 
 def train_and_evaluate(c: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains (resuming from `workdir` if it holds a checkpoint) and returns final eval metrics."""
-  config_lib.validate(c)
-  info = data.dataset_info(c.data)
-  total_steps, warmup_steps = config_lib.resolve_steps(c, info.num_train_examples)
-  loop_steps = total_steps * c.accum_steps
-  mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp)
-  micro_batch = c.batch_size // c.accum_steps
-  if micro_batch % jax.device_count():
-    raise config_lib.ConfigError(
-        f"config.batch_size={c.batch_size}: each micro-batch ({micro_batch}) must split evenly "
-        f"over the {jax.device_count()} devices.")
-
-  model = build_model(c, info.num_classes)
-  tx, schedule = optimizers.make_optimizer(c.optimizer, total_steps, warmup_steps, c.accum_steps)
+  job = _Job.from_config(c, workdir)
   init_rng, dropout_rng = jax.random.split(jax.random.key(c.seed))
-  image_shape = (c.data.image_size, c.data.image_size, 3)
-
-  workdir = epath.Path(workdir)
-  manager = ocp.CheckpointManager(
-      workdir / "checkpoints",
-      options=ocp.CheckpointManagerOptions(max_to_keep=c.keep_checkpoints, create=True),
-      item_names=("state", "meta"))
-  meta = _meta(c, model)
-  start = manager.latest_step() or 0
-
-  params = None
-  if start == 0 and c.pretrained:
-    abstract = jax.eval_shape(model.init, init_rng, jnp.zeros((1,) + image_shape))["params"]
-    params = checkpoint.load_npz(c.pretrained, target=abstract)
-    logging.info("Initialised from %s.", c.pretrained)
-  state, state_shardings = trainer.init_state(model, tx, mesh, image_shape, init_rng, params)
-  if start:
-    found = manager.restore(start, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-    _check_resumable(found, meta, str(workdir))
-    abstract = jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, state_shardings)
-    state = manager.restore(start, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract)))["state"]
-    logging.info("Resumed from %s at step %d.", workdir, start)
-
-  train_step = trainer.make_train_step(model, tx, c.loss, state_shardings, mesh, dropout_rng)
-  batches = data.train_iterator(c.data, global_batch_size=micro_batch,
-                                sharding=sharding.batch_sharding(mesh), seed=c.seed,
-                                start_step=start)
-  predict = lambda params, images: model.apply({"params": params}, images)
-  evaluator = ClassificationEvaluator(
-      predict, lambda: data.eval_iterator(c.data, global_batch_size=micro_batch,
-                                          sharding=sharding.batch_sharding(mesh)), c.loss)
-  evaluators = {"eval": evaluator}
-  if c.fewshot.datasets:
-    f = c.fewshot
-    evaluators["fewshot"] = FewShotEvaluator(
-        lambda params, images: model.apply({"params": params}, images, return_aux=True)[1][
-            "pre_logits"],
-        fewshot.fewshot_datasets(f.datasets, f.data_dir, f.train_split, f.test_split,
-                                 c.data.image_size, micro_batch),
-        f.shots, f.seeds, f.l2)
+  manager = run.make_manager(workdir, c.keep_checkpoints)
   writer = metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
-  if start == 0:
-    writer.write_hparams({k: str(v) for k, v in c.to_dict().items()})
-  progress = periodic_actions.ReportProgress(num_train_steps=loop_steps, writer=writer,
-                                             every_steps=c.log_every_steps)
-  preemption = _Preemption()
-
-  def save(step: int) -> None:
-    bad = int(state["first_nonfinite_step"])
-    if bad >= 0:
-      raise NonFiniteLossError(
-          f"Loss or gradients became NaN/inf at step {bad + 1}; stopped without saving. "
-          f"The last good checkpoint in {workdir} is step {manager.latest_step()}.")
-    manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
-
-  eval_metrics = {}
-  step = start
   try:
-    train_metrics, t0 = [], time.time()
-    while step < loop_steps:
-      state, metrics = train_step(state, next(batches))
-      step += 1
-      train_metrics.append(metrics)
-      progress(step)
-      if step % c.log_every_steps == 0 or step == loop_steps:
-        summary = jax.tree.map(lambda *x: float(np.mean(x)), *jax.device_get(train_metrics))
-        if int(state["first_nonfinite_step"]) >= 0:
-          save(step)  # Raises, naming the step.
-        elapsed = time.time() - t0
-        writer.write_scalars(step, {
-            "train_loss": summary["loss"], "grad_norm": summary["grad_norm"],
-            "learning_rate": float(schedule(step // c.accum_steps)),
-            "img_per_sec": len(train_metrics) * micro_batch / elapsed})
-        train_metrics, t0 = [], time.time()
-      if step == loop_steps or (c.eval_every_steps and step % c.eval_every_steps == 0):
-        for prefix, ev in evaluators.items():
-          with progress.timed(prefix):
-            metrics = ev.run(state["params"])
-          writer.write_scalars(step, {f"{prefix}_{k}": v for k, v in metrics.items()})
-          eval_metrics |= {k if prefix == "eval" else f"{prefix}_{k}": v for k, v in metrics.items()}
-        t0 = time.time()
-      preempted = preemption.reached(step)
-      if step % c.checkpoint_every_steps == 0 or step == loop_steps or preempted:
-        save(step)
-      if preempted:
-        logging.warning("Preempted: saved step %d to %s; rerun the same command to resume.",
-                        step, workdir)
-        break
+    state, shardings, start = _restore_or_init(job, manager, init_rng)
+    if start == 0:
+      writer.write_hparams({k: str(v) for k, v in c.to_dict().items()})
+    train_step = trainer.make_train_step(job.model, job.tx, c.loss, shardings, job.mesh,
+                                         dropout_rng)
+    batches = data.train_iterator(c.data, global_batch_size=job.micro_batch,
+                                  sharding=job.batch_sharding, seed=c.seed, start_step=start)
+    evaluators = _build_evaluators(job)
+    return _run_steps(job, state, start, train_step, batches, evaluators, manager, writer)
   finally:
     manager.close()  # Waits for the last save, then stops orbax's writer and deleter threads.
     writer.close()
-  return eval_metrics

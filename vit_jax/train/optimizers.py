@@ -8,6 +8,14 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 DECAYS = ("linear", "cosine", "constant")
 
 
+def default_config() -> ml_collections.ConfigDict:
+  """`config.optimizer`'s defaults: the paper's pre-training recipe (AdamW, linear decay)."""
+  return ml_collections.ConfigDict(dict(
+      name="adamw", lr=1e-3, end_lr=0.0, decay="linear", b1=0.9, b2=0.999, momentum=0.9,
+      weight_decay=0.1, grad_clip_norm=1.0,
+      mu_dtype=ml_collections.FieldReference(None, field_type=str)))
+
+
 def make_schedule(cfg: ml_collections.ConfigDict, total_steps: int, warmup_steps: int) -> optax.Schedule:
   """Linear warm-up from 0 to `cfg.lr`, then linear / cosine decay to `cfg.end_lr` (or constant)."""
   warmup = optax.linear_schedule(0.0, cfg.lr, warmup_steps)

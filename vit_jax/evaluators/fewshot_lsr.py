@@ -11,6 +11,9 @@ from typing import Callable, Iterable, Sequence
 
 import jax
 import numpy as np
+from jax.sharding import Sharding
+
+from vit_jax import data
 
 BIAS_CONSTANT = 100.0
 DEFAULT_L2 = tuple(2.0**k for k in range(-10, 20, 2))
@@ -69,13 +72,42 @@ def compute_features(repr_fn: Callable, batches: Iterable[dict]) -> tuple[np.nda
   return np.concatenate(feats), np.concatenate(labels)
 
 
+def dataset_batches(name: str, data_dir: str | None, split: str, image_size: int,
+                    batch_size: int, sharding: Sharding) -> tuple[Callable, int]:
+  """A callable giving one masked pass over `split` of a dataset, and its class count."""
+  cfg = data.get_data_config()
+  cfg.update(name=name, data_dir=data_dir, eval_split=split, train_split=split,
+             image_size=image_size)
+  info = data.dataset_info(cfg)
+  return (lambda: data.eval_iterator(cfg, global_batch_size=batch_size, sharding=sharding),
+          info.num_classes)
+
+
+def fewshot_datasets(names: Sequence[str], data_dir: str | None, train_split: str,
+                     test_split: str, image_size: int, batch_size: int,
+                     sharding: Sharding) -> dict[str, tuple[Callable, Callable, int]]:
+  """What FewShotEvaluator takes: per dataset, (train batches, test batches, class count)."""
+  out = {}
+  for name in names:
+    train, num_classes = dataset_batches(name, data_dir, train_split, image_size, batch_size,
+                                         sharding)
+    test, _ = dataset_batches(name, data_dir, test_split, image_size, batch_size, sharding)
+    out[name] = (train, test, num_classes)
+  return out
+
+
+def representation_fn(model) -> Callable:
+  """`(params, images) -> pre-logits`: the representation the probes are fitted on."""
+  return lambda params, images: model.apply({"params": params}, images, return_aux=True)[1][
+      "pre_logits"]
+
+
 @dataclasses.dataclass
 class FewShotResult:
   dataset: str
   shots: int
   accuracies: list[float]  # One per seed, at the chosen l2.
   l2: float
-  accuracy_by_l2: dict[float, float]  # Mean over seeds, on the test split.
 
   @property
   def mean(self) -> float:
@@ -116,8 +148,7 @@ def evaluate_dataset(name: str, train: tuple[np.ndarray, np.ndarray],
         test_acc[seed, j] = np.mean(np.argmax(xt @ w, -1) == y_test)
     best = int(np.argmax(val_acc.mean(0)))
     results.append(FewShotResult(
-        dataset=name, shots=k, accuracies=test_acc[:, best].tolist(), l2=float(l2_regs[best]),
-        accuracy_by_l2={float(l2): float(a) for l2, a in zip(l2_regs, test_acc.mean(0))}))
+        dataset=name, shots=k, accuracies=test_acc[:, best].tolist(), l2=float(l2_regs[best])))
   return results
 
 

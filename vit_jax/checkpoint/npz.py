@@ -1,4 +1,4 @@
-"""Released-checkpoint (.npz) interchange: read any of the published layouts,
+"""The released-checkpoint (.npz) layout: read any of the published layouts,
 fit them to a model (position-embedding resize, head reset), write the original.
 
 Layouts read:
@@ -12,7 +12,6 @@ Layouts read:
 Everything is converted to the original layout, which is also what `save_npz` writes.
 """
 import io
-import json
 import logging
 import re
 from typing import Any, Mapping, Optional
@@ -51,8 +50,8 @@ def read_npz(path: str) -> dict[str, np.ndarray]:
   path = epath.Path(path)
   if path.is_dir():
     raise CheckpointError(
-        f"{path} is a directory, not an .npz file. For this project's orbax checkpoints "
-        "pass the step directory to `vit_jax.train.checkpoints` instead.")
+        f"{path} is a directory, not an .npz file. For a training run (a workdir or one of "
+        "its step directories) use `vit_jax.checkpoint.load` or `read_params`.")
   data = path.read_bytes()
   if not data.startswith(b"PK"):
     raise CheckpointError(f"{path} is not an .npz file (no zip header). Released ViT "
@@ -220,24 +219,6 @@ def load_npz(path: str, target: Optional[Params] = None) -> dict[str, Any]:
   if target is None:
     return unflatten(flat)
   return fit_to_target(flat, target)
-
-
-def load_orbax_params(step_dir: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-  """Params (flat, original layout) and model description of one of this project's
-  orbax checkpoints, `WORKDIR/checkpoints/STEP`, as host numpy arrays on any device count."""
-  import orbax.checkpoint as ocp  # Only this reader needs orbax.
-
-  step_dir = epath.Path(step_dir)
-  if not (step_dir / "state").is_dir() or not (step_dir / "meta" / "metadata").exists():
-    raise CheckpointError(f"{step_dir} is not a vit_jax checkpoint step directory "
-                          "(WORKDIR/checkpoints/STEP with state/ and meta/).")
-  checkpointer = ocp.PyTreeCheckpointer()
-  tree = checkpointer.metadata(step_dir / "state").item_metadata.tree
-  restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-  state = checkpointer.restore(step_dir / "state",
-                               args=ocp.args.PyTreeRestore(restore_args=restore_args))
-  meta = json.loads((step_dir / "meta" / "metadata").read_text())
-  return flatten(state["params"]), meta
 
 
 def save_npz(path: str, params: Params) -> None:

@@ -1,0 +1,81 @@
+"""Helpers shared by the test modules (fixtures live in conftest.py).
+
+TensorFlow and the notebook client are imported where used: importing TensorFlow before
+torch (timm's cross-checks) crashes the process, so this module stays light.
+"""
+import glob
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
+
+
+def load_config(spec: str):
+  """A config file's `get_config(arg)`, as `--config path.py:arg` would load it."""
+  path, _, arg = spec.partition(":")
+  module_spec = importlib.util.spec_from_file_location("config_module", REPO / path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def tiny_config(dataset, **overrides):
+  """tests/tiny_config.py on `dataset` (name, data_dir), with dotted-key overrides."""
+  c = load_config("tests/tiny_config.py")
+  c.data.name, c.data.data_dir = dataset
+  for k, v in overrides.items():
+    target = c
+    *parents, leaf = k.split(".")
+    for p in parents:
+      target = target[p]
+    target[leaf] = v
+  return c
+
+
+def read_scalars(workdir, tag: str, newest_file_only: bool = False) -> dict[int, float]:
+  """{step: value} of a scalar in a run's TensorBoard event files."""
+  import tensorflow as tf
+  files = sorted(glob.glob(os.path.join(workdir, "events.out.tfevents.*")), key=os.path.getmtime)
+  values = {}
+  for f in files[-1:] if newest_file_only else files:
+    for event in tf.compat.v1.train.summary_iterator(f):
+      for v in event.summary.value:
+        if v.tag == tag:
+          values[event.step] = float(tf.make_ndarray(v.tensor))
+  return values
+
+
+def cli(workdir, dataset, *extra, config: str = "tests/tiny_config.py") -> list[str]:
+  """The command line of `python -m vit_jax.main` on `dataset` (name, data_dir)."""
+  name, data_dir = dataset
+  return [sys.executable, "-m", "vit_jax.main", "--config", str(REPO / config),
+          "--workdir", str(workdir), f"--config.data.name={name}",
+          f"--config.data.data_dir={data_dir}", *extra]
+
+
+def cpu_env(devices: int = 1) -> dict[str, str]:
+  return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+              JAX_PLATFORMS="cpu")
+
+
+def run_cli(args, devices: int = 1, **kw) -> subprocess.CompletedProcess:
+  return subprocess.run(args, env=cpu_env(devices), cwd=REPO, capture_output=True, text=True,
+                        timeout=600, **kw)
+
+
+def run_notebook(path, monkeypatch, **params: str):
+  """Executes a notebook top to bottom with VIT_* parameters in its environment."""
+  import nbformat
+  from nbclient import NotebookClient
+  for name, value in params.items():
+    monkeypatch.setenv(name, value)
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  nb = nbformat.read(path, as_version=4)
+  NotebookClient(nb, timeout=600, kernel_name="python3",
+                 resources={"metadata": {"path": str(REPO)}}).execute()
+  return nb

@@ -1,0 +1,67 @@
+"""Imports flow one way: every module of vit_jax/ imports only from its own part or from
+the layers below it (the layers as the README's code map writes them down)."""
+import ast
+import pathlib
+
+import pytest
+
+from helpers import REPO
+
+# Bottom to top; parts of one layer do not import each other.
+LAYERS = (
+    ("config_errors",),
+    ("models", "data", "losses"),
+    ("checkpoint",),
+    ("evaluators",),
+    ("train",),
+    ("main", "fewshot", "export", "explore"),  # Command-line entry points, notebook support.
+)
+LAYER_OF = {part: i for i, parts in enumerate(LAYERS) for part in parts}
+MODULES = sorted(p for p in (REPO / "vit_jax").rglob("*.py"))
+
+
+def part(module: str) -> str | None:
+  """'vit_jax.train.loop' -> 'train'; None outside the package or for the package itself."""
+  names = module.split(".")
+  return names[1] if names[0] == "vit_jax" and len(names) > 1 else None
+
+
+def imported_modules(path: pathlib.Path) -> set[str]:
+  out = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      out |= {a.name for a in node.names}
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      # `from vit_jax import checkpoint` imports the part named by the alias.
+      out |= ({f"{node.module}.{a.name}" for a in node.names} if node.module == "vit_jax"
+              else {node.module})
+  return out
+
+
+def test_every_part_has_a_layer():
+  parts = {p.relative_to(REPO / "vit_jax").parts[0].removesuffix(".py") for p in MODULES}
+  assert parts - {"__init__"} == set(LAYER_OF), "place new parts in LAYERS and the code map"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(REPO)))
+def test_imports_flow_down(path):
+  here = path.relative_to(REPO / "vit_jax").parts[0].removesuffix(".py")
+  if here == "__init__":
+    return
+  upward = [m for m in imported_modules(path)
+            if part(m) and part(m) != here and LAYER_OF[part(m)] >= LAYER_OF[here]]
+  assert not upward, f"{path.relative_to(REPO)} ({here}, layer {LAYER_OF[here]}) imports {upward}"
+
+
+def test_the_check_sees_an_upward_import(tmp_path):
+  bad = tmp_path / "bad.py"
+  bad.write_text("def f():\n  from vit_jax.train import loop\n  from vit_jax import fewshot\n")
+  assert imported_modules(bad) == {"vit_jax.train", "vit_jax.fewshot"}
+
+
+def test_the_readme_code_map_names_every_module():
+  readme = (REPO / "README.md").read_text()
+  code_map = readme.split("## Code map", 1)[1].split("\n## ", 1)[0]
+  missing = [str(p.relative_to(REPO)) for p in MODULES
+             if p.name != "__init__.py" and f"`{p.relative_to(REPO)}`" not in code_map]
+  assert not missing, f"add to the README's code map: {missing}"
