@@ -14,7 +14,6 @@ INSTALL_REQUIRES = [
     "tensorflow-cpu>=2.21; platform_system != 'Darwin'",
     "tensorflow>=2.21; platform_system == 'Darwin'",
     "tensorflow-datasets>=4.9",
-    "einops",
     "numpy",
     "scipy",
     "pillow",

@@ -264,6 +264,15 @@ class VisionTransformer(nn.Module):
           f"{self.stride} ({self.name_in_registry or 'model'}): use a size that is a "
           f"multiple of {self.stride}, e.g. {max(h // self.stride, 1) * self.stride}.")
 
+  def _pool(self, encoded: jnp.ndarray) -> jnp.ndarray:
+    """The tokens to one vector: the class token, their mean, or attention pooling."""
+    if self.classifier == "token":
+      return encoded[:, 0]
+    if self.classifier == "gap":
+      return jnp.mean(encoded, axis=1)
+    return MAPHead(self.mlp_dim, self.num_heads, self.dtype, self.attention_impl,
+                   name="MAPHead_0")(encoded)
+
   @nn.compact
   def __call__(self, images: jnp.ndarray, *, train: bool = False,
                return_aux: bool = False, return_attention: bool = False):
@@ -296,14 +305,7 @@ class VisionTransformer(nn.Module):
         remat=self.remat, dtype=self.dtype, attention_impl=self.attention_impl,
         name="Transformer")(x, not train, return_attention)
 
-    if self.classifier == "token":
-      x = encoded[:, 0]
-    elif self.classifier == "gap":
-      x = jnp.mean(encoded, axis=1)
-    else:
-      x = MAPHead(self.mlp_dim, self.num_heads, self.dtype, self.attention_impl,
-                  name="MAPHead_0")(encoded)
-
+    x = self._pool(encoded)
     if self.representation_size is not None:
       x = nn.tanh(nn.Dense(self.representation_size, dtype=self.dtype, name="pre_logits")(x))
     pre_logits = x.astype(jnp.float32)

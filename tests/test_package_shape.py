@@ -1,5 +1,6 @@
-"""Imports flow one way: every module of vit_jax/ imports only from its own part or from
-the layers below it (the layers as the README's code map writes them down)."""
+"""The package's shape: imports flow one way (every module of vit_jax/ imports only from its
+own part or from the layers below, as the README's code map writes them down), the code map
+names every module, and functions stay short."""
 import ast
 import pathlib
 
@@ -65,3 +66,11 @@ def test_the_readme_code_map_names_every_module():
   missing = [str(p.relative_to(REPO)) for p in MODULES
              if p.name != "__init__.py" and f"`{p.relative_to(REPO)}`" not in code_map]
   assert not missing, f"add to the README's code map: {missing}"
+
+
+def test_functions_stay_short():
+  """About 50 lines at most: a longer function wants splitting where it changes subject."""
+  long = [f"{p.relative_to(REPO)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
+          for p in MODULES for n in ast.walk(ast.parse(p.read_text()))
+          if isinstance(n, ast.FunctionDef) and n.end_lineno - n.lineno + 1 > 55]
+  assert not long, long
