@@ -1,16 +1,30 @@
 """vit_jax: Vision Transformer (ViT) and hybrid ResNet+ViT in JAX/Flax."""
 import setuptools
 
+# The one record of where the project lives: the notebooks' install cell and the README's
+# "Open in Colab" links are checked against it (tests/test_install.py).
+URL = "https://github.com/vit-jax/vit_jax"
+
+# Ranges, not pins: requirements.lock / requirements-test.lock hold the exact versions the
+# tests passed with (README, "Refreshing the lock"). An upper bound stands only where the
+# maintainers have announced that their next major release breaks the API used here:
 INSTALL_REQUIRES = [
-    "jax>=0.10",
+    # JAX versions 0.X.Y by effort (docs.jax.dev, "API compatibility"): a new X "will
+    # introduce major breaking changes". Tested: 0.10 (the newest for Python 3.11) and, for
+    # the model, checkpoint and training tests, 0.12 with flax 0.12.12 (Python 3.12).
+    "jax>=0.10,<0.13",
     "flax>=0.12",
     "optax",
-    "orbax-checkpoint",
+    # orbax-checkpoint 1.0 moves its V1 API to the top-level package, replacing the
+    # CheckpointManager / `args` API (V0) that vit_jax/train/loop.py uses.
+    "orbax-checkpoint<1",
     "clu>=0.0.12",
     # clu imports tensorboard and TFDS writes with importlib_resources; neither is declared.
     "tensorboard",
     "importlib_resources",
     "ml-collections",
+    # TensorFlow only feeds tf.data and reads gs:// paths (tf.io.gfile, through etils.epath):
+    # the CPU build, where there is one.
     "tensorflow-cpu>=2.21; platform_system != 'Darwin'",
     "tensorflow>=2.21; platform_system == 'Darwin'",
     "tensorflow-datasets>=4.9",
@@ -28,12 +42,16 @@ EXTRAS = {
         "nbclient",
         "nbformat",
         "ipykernel",
-        # pip takes these two from this machine's disk; a CPU-only torch alone breaks torchvision.
-        "torch==2.14.1",
-        "torchvision==0.29.1",
+        # timm is the reference the checkpoint tests compare against. torchvision pins the
+        # torch release it was built with, so the two always come as a matching pair.
+        "torch>=2.14",
+        "torchvision>=0.29",
         "timm",
     ],
+    # JAX for NVIDIA GPUs: CUDA 13 needs driver 580 or newer; CUDA 12 runs on 525 and newer
+    # (Colab's GPU runtimes had 550 in 2025). The notebooks' install cell picks by driver.
     "gpu": ["jax[cuda13]"],
+    "gpu-cuda12": ["jax[cuda12]"],
     "tpu": ["jax[tpu]"],
 }
 
@@ -42,6 +60,7 @@ setuptools.setup(
     version="0.1.0",
     description="Vision Transformer and hybrid ResNet+ViT in JAX/Flax: models, "
     "checkpoints, training, evaluation.",
+    url=URL,
     packages=setuptools.find_packages(include=["vit_jax", "vit_jax.*"]),
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,

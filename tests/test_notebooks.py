@@ -51,7 +51,7 @@ def test_committed_notebooks_have_no_outputs_and_a_parameters_cell(path):
   nbformat.validate(nb)
   code = [c for c in nb.cells if c.cell_type == "code"]
   assert all(c.outputs == [] and c.execution_count is None for c in code)
-  assert "parameters" in code[0].metadata.get("tags", [])
+  assert "parameters" in code[1].metadata.get("tags", [])
 
 
 def test_explore_notebook_runs_top_to_bottom(tiny_npz, real_images, monkeypatch):

@@ -1,0 +1,222 @@
+"""Installing: setup.py against the lock files, the README's commands against .ci/run, the
+repository URL wherever it is copied, the notebooks' Colab install cell (run here against a
+stand-in `google.colab`), and released checkpoints read straight from gs://."""
+import os
+import re
+import subprocess
+import sys
+import types
+
+import jax  # noqa: F401 (imported before any stand-in google.colab, which jax looks for)
+import nbformat
+import numpy as np
+import pytest
+from packaging.markers import Marker
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from helpers import REPO
+
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+# What the locks are compiled for (README, "Refreshing the lock").
+LOCK_ENV = {"python_version": "3.11", "python_full_version": "3.11.0", "sys_platform": "linux",
+            "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
+            "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+
+
+@pytest.fixture(scope="module")
+def setup_kwargs() -> dict:
+  """The arguments setup.py passes to setuptools.setup, read by running it with a stand-in."""
+  captured = {}
+  stand_in = types.ModuleType("setuptools")
+  stand_in.setup = lambda **kwargs: captured.update(kwargs)
+  stand_in.find_packages = lambda **kwargs: []
+  saved = sys.modules.get("setuptools")
+  sys.modules["setuptools"] = stand_in
+  try:
+    exec(compile((REPO / "setup.py").read_text(), "setup.py", "exec"), {"__name__": "setup"})
+  finally:
+    if saved is None:
+      del sys.modules["setuptools"]
+    else:
+      sys.modules["setuptools"] = saved
+  return captured
+
+
+def read_lock(name: str) -> tuple[dict[str, Version], set[str]]:
+  """A lock file's pins, and the packages uv annotated as asked for by setup.py itself."""
+  pins, direct, current = {}, set(), None
+  for line in (REPO / name).read_text().splitlines():
+    if m := re.match(r"([A-Za-z0-9._-]+)==(\S+)$", line):
+      current = canonicalize_name(m.group(1))
+      pins[current] = Version(m.group(2))
+    elif current and re.match(r"\s+#\s+(via\s+)?vit-jax \(setup\.py\)$", line):
+      direct.add(current)
+    elif line and not line.startswith(" "):
+      assert line.startswith("#"), f"{name}: unexpected line {line!r}"
+  return pins, direct
+
+
+def requirements_for_lock(requirements: list[str]) -> list[Requirement]:
+  reqs = [Requirement(r) for r in requirements]
+  return [r for r in reqs if r.marker is None or r.marker.evaluate(LOCK_ENV)]
+
+
+@pytest.mark.parametrize("lock,extras", [("requirements.lock", ()),
+                                         ("requirements-test.lock", ("test",))])
+def test_lock_matches_setup_py(setup_kwargs, lock, extras):
+  wanted = setup_kwargs["install_requires"] + [
+      r for e in extras for r in setup_kwargs["extras_require"][e]]
+  pins, direct = read_lock(lock)
+  reqs = requirements_for_lock(wanted)
+  for req in reqs:
+    name = canonicalize_name(req.name)
+    assert name in pins, f"{lock} lacks {req}: refresh it (README, 'Refreshing the lock')"
+    assert req.specifier.contains(pins[name], prereleases=True), (
+        f"{lock} pins {name}=={pins[name]}, outside setup.py's {req}: refresh the lock")
+  assert direct == {canonicalize_name(r.name) for r in reqs}, (
+      f"{lock} was compiled from another setup.py: refresh it")
+
+
+def test_locks_agree_with_each_other_and_hold_torch():
+  core, _ = read_lock("requirements.lock")
+  test, _ = read_lock("requirements-test.lock")
+  assert {n: v for n, v in test.items() if n in core} == core
+  held = (REPO / ".ci" / "lock-constraints.txt").read_text().splitlines()
+  for req in requirements_for_lock([r for r in held if r and not r.startswith("#")]):
+    assert req.specifier.contains(test[canonicalize_name(req.name)]), req
+
+
+def test_readme_installs_from_the_locks_and_ci_runs_its_test_command():
+  readme = (REPO / "README.md").read_text()
+  first = re.search(r"^python3 -m venv \.venv .*$", readme, re.M).group(0)
+  assert "install -r requirements.lock -e ." in first
+  test_command = re.search(r"# 2\. Run the tests.*\n(.*)\n", readme).group(1)
+  assert test_command.startswith(".venv/bin/pip install -r requirements-test.lock -e '.[test]'")
+  ci = (REPO / ".ci" / "run").read_text()
+  assert ci.split("# The README's test command, exactly.\n")[1].strip() == test_command
+
+
+def test_the_repository_url_is_recorded_once_and_followed(setup_kwargs):
+  url = setup_kwargs["url"]
+  assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", url)
+  readme = (REPO / "README.md").read_text()
+  for path in NOTEBOOKS:
+    colab = (f"https://colab.research.google.com/github/{url.removeprefix('https://github.com/')}"
+             f"/blob/main/notebooks/{path.name}")
+    assert f"]({colab})" in readme, f"README: no 'Open in Colab' link to {colab}"
+    cell = install_cell(path)
+    assert f'REPO_URL = "{url}"' in cell, f"{path.name}: the install cell's URL is not {url}"
+
+
+def install_cell(path) -> str:
+  code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+  assert "google.colab" in code[0].source and "parameters" in code[1].metadata.get("tags", [])
+  return code[0].source
+
+
+def run_install_cell(path, monkeypatch, in_colab: bool) -> tuple[dict, list]:
+  """Executes the notebook's first code cell here; subprocess.run only records commands."""
+  commands = []
+
+  def fake_run(command, **kwargs):
+    commands.append(command)
+    return subprocess.CompletedProcess(command, 0, "", "")
+
+  monkeypatch.setattr(subprocess, "run", fake_run)
+  if in_colab:
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+  else:
+    monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+  namespace = {"__name__": "__main__"}
+  exec(compile(install_cell(path), f"{path.name}[install]", "exec"), namespace)
+  return namespace, commands
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_colab_cell_installs_the_project_for_the_runtime(path, setup_kwargs, monkeypatch,
+                                                         capsys):
+  namespace, commands = run_install_cell(path, monkeypatch, in_colab=True)
+  extra = namespace["accelerator_extra"]()  # "" here: this machine has no accelerator.
+  spec = f"vit_jax[{extra}]" if extra else "vit_jax"
+  assert commands == [[sys.executable, "-m", "pip", "install", "--quiet",
+                       f"{spec} @ git+{setup_kwargs['url']}"]]
+  assert "jax " in capsys.readouterr().out and "CpuDevice" in str(namespace["jax"].devices())
+  install = namespace["install_command"]
+  assert install("https://github.com/vit-jax/vit_jax", "tpu") == [
+      sys.executable, "-m", "pip", "install", "--quiet",
+      "vit_jax[tpu] @ git+https://github.com/vit-jax/vit_jax"]
+  assert install("https://github.com/o/r", "gpu-cuda12")[-1] == (
+      "vit_jax[gpu-cuda12] @ git+https://github.com/o/r")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_outside_colab_the_cell_installs_nothing(path, monkeypatch):
+  _, commands = run_install_cell(path, monkeypatch, in_colab=False)
+  assert commands == []
+
+
+def test_colab_cell_reads_the_accelerator_off_the_machine(setup_kwargs, monkeypatch, tmp_path):
+  namespace, _ = run_install_cell(NOTEBOOKS[0], monkeypatch, in_colab=False)
+  extra_of = namespace["accelerator_extra"]
+
+  def machine(name, files):
+    root = tmp_path / name
+    for rel, text in files.items():
+      (root / rel).parent.mkdir(parents=True, exist_ok=True)
+      (root / rel).write_text(text)
+    return extra_of(f"{root}/")
+
+  gvnic = {"sys/bus/pci/devices/0000:00:04.0/vendor": "0x1ae0\n",  # Google's network card.
+           "sys/bus/pci/devices/0000:00:04.0/device": "0x0042\n"}
+  v5e = {"sys/bus/pci/devices/0000:00:05.0/vendor": "0x1ae0\n",
+         "sys/bus/pci/devices/0000:00:05.0/device": "0x0063\n"}
+  old_driver = ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 "
+                "22:15:33 UTC 2024\nGCC version:  gcc version 12.3.0\n")
+  new_driver = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release "
+                "Build  (dvs-builder@U16-I3-B03-4-3)\nGCC version:  gcc version 13.3.0\n")
+  assert machine("cpu", gvnic) == ""
+  assert machine("tpu", {**gvnic, **v5e}) == "tpu"
+  assert machine("tpu_v3", {"dev/accel0": ""}) == "tpu"
+  assert machine("t4", {**gvnic, "proc/driver/nvidia/version": old_driver}) == "gpu-cuda12"
+  assert machine("h100", {"proc/driver/nvidia/version": new_driver}) == "gpu"
+  extras = setup_kwargs["extras_require"]
+  assert {"tpu", "gpu", "gpu-cuda12"} <= set(extras)
+  assert extras["gpu"] == ["jax[cuda13]"] and extras["gpu-cuda12"] == ["jax[cuda12]"]
+
+
+def test_notebook_defaults_are_released_files():
+  sources = {p.name: [c for c in nbformat.read(p, as_version=4).cells
+                      if c.cell_type == "code"][1].source for p in NOTEBOOKS}
+  assert '"gs://vit_models/imagenet21k/ViT-B_16.npz"' in sources["explore_checkpoint.ipynb"]
+  assert '"VIT_IMAGES", "cifar10"' in sources["explore_checkpoint.ipynb"]
+  assert '"gs://vit_models/imagenet21k/ViT-B_16.npz"' in sources["finetune_fewshot.ipynb"]
+  assert '"VIT_DATASET", "cifar10"' in sources["finetune_fewshot.ipynb"]
+
+
+def test_released_checkpoints_are_read_from_gs_through_tf_gfile(tmp_path, monkeypatch):
+  """etils.epath hands gs:// paths to TensorFlow's gfile (which reads public GCS buckets, as
+  the official Colabs do); here gfile is pointed at a local copy of the bucket."""
+  import tensorflow as tf
+  from vit_jax import checkpoint
+
+  bucket = tmp_path / "vit_models" / "imagenet21k"
+  bucket.mkdir(parents=True)
+  arrays = {"cls": np.zeros((1, 1, 8), np.float32), "head/kernel": np.ones((8, 3), np.float32)}
+  with open(bucket / "ViT-B_16.npz", "wb") as f:
+    np.savez(f, **arrays)
+  opened = []
+  local = lambda path: str(path).replace("gs://", f"{tmp_path}/")
+
+  def gfile_open(path, mode="r"):
+    opened.append(str(path))
+    return open(local(path), mode)
+
+  monkeypatch.setattr(tf.io.gfile, "GFile", gfile_open)
+  monkeypatch.setattr(tf.io.gfile, "exists", lambda p: os.path.exists(local(p)))
+  monkeypatch.setattr(tf.io.gfile, "isdir", lambda p: os.path.isdir(local(p)))
+  flat = checkpoint.load_npz_flat("gs://vit_models/imagenet21k/ViT-B_16.npz")
+  assert opened == ["gs://vit_models/imagenet21k/ViT-B_16.npz"]
+  assert set(flat) == set(arrays)
+  np.testing.assert_array_equal(flat["head/kernel"], arrays["head/kernel"])
