@@ -87,6 +87,14 @@ def test_config_errors_name_the_field():
   cfg.flipp = True
   with pytest.raises(ValueError, match=r"data.flipp is not a known field"):
     data.dataset_info(cfg)
+  for field, value, message in (
+      ("randaug_layers", -1, r"data.randaug_layers=-1 must be an integer >= 0"),
+      ("randaug_magnitude", 31.0, r"data.randaug_magnitude=31.0 must be a number in \[0, 30\]"),
+      ("randaug_policy", "timm", r"data.randaug_policy='timm' is not one of")):
+    cfg = data.get_data_config()
+    cfg[field] = value
+    with pytest.raises(ValueError, match=message):
+      data.dataset_info(cfg)
 
 
 def test_unknown_tfds_name(tmp_path):
@@ -200,7 +208,8 @@ def test_fashion_mnist_without_files_or_network(tmp_path, monkeypatch):
     {},  # Decoded in memory, batched augmentation.
     {"train_crop": "inception", "mixup_alpha": 0.2, "image_size": 16},
     {"cache": False},  # Streamed from disk through a shuffle buffer.
-], ids=["in_memory", "inception_mixup", "streamed"])
+    {"randaug_layers": 2, "randaug_magnitude": 15.0},
+], ids=["in_memory", "inception_mixup", "streamed", "randaug"])
 def test_train_is_deterministic_and_resumable(shared_data, overrides):
   cfg = _mnist_config(shared_data, **overrides)
   run = _take(_train(cfg, seed=1), 20)  # Crosses the first epoch boundary.
@@ -344,12 +353,14 @@ def test_image_folder_split_must_exist(tmp_path):
     data.dataset_info(cfg)
 
 
-@pytest.mark.parametrize("cache", [True, False], ids=["in_memory", "streamed"])
-def test_image_folder_resume_and_process_shards(tmp_path, cache):
+@pytest.mark.parametrize("cache,randaug", [(True, 0), (False, 0), (True, 2)],
+                         ids=["in_memory", "streamed", "in_memory_randaug"])
+def test_image_folder_resume_and_process_shards(tmp_path, cache, randaug):
   """Needs no downloaded data: a fresh clone runs it."""
   _write_folder(tmp_path)
   cfg = data.get_data_config()
-  cfg.update(name=str(tmp_path), image_size=16, cache=cache, shuffle_buffer=4)
+  cfg.update(name=str(tmp_path), image_size=16, cache=cache, shuffle_buffer=4,
+             randaug_layers=randaug, randaug_magnitude=15.0)
   train = lambda **kw: pipeline._train_dataset(
       cfg, local_batch=8, seed=3, process_index=0, process_count=1, **kw)
   run, resumed = _take(train(start_step=0), 8), _take(train(start_step=5), 3)

@@ -6,6 +6,8 @@ import ml_collections
 TRAIN_CROPS = ("inception", "random_crop", "resize")
 EVAL_CROPS = ("resize", "central_crop")
 ON_BAD_IMAGE = ("fail", "skip")
+RANDAUG_POLICIES = ("augreg", "paper")  # randaugment.POLICIES' keys.
+MAX_RANDAUG_MAGNITUDE = 30.0
 
 
 def get_data_config() -> ml_collections.ConfigDict:
@@ -28,6 +30,11 @@ def get_data_config() -> ml_collections.ConfigDict:
   c.central_crop_fraction = 0.875  # 'central_crop': resize to size/fraction, crop.
   c.value_range = (-1.0, 1.0)
   c.mixup_alpha = 0.0  # 0 turns mixup off; otherwise labels are soft targets.
+  # RandAugment after cropping and flipping: randaug_layers ops per image (0: off) at
+  # randaug_magnitude (big_vision's scale, 0-30), from one of randaugment.POLICIES.
+  c.randaug_layers = 0
+  c.randaug_magnitude = 10.0
+  c.randaug_policy = "augreg"
 
   c.shuffle_buffer = 50_000  # Only for splits streamed from disk.
   c.cache = True  # Keep a process's split in memory if it fits in cache_max_mb.
@@ -58,7 +65,8 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
       raise ValueError(f"data.{key} is missing; start from get_data_config()")
 
   for field, choices in (("train_crop", TRAIN_CROPS), ("eval_crop", EVAL_CROPS),
-                         ("on_bad_image", ON_BAD_IMAGE)):
+                         ("on_bad_image", ON_BAD_IMAGE),
+                         ("randaug_policy", RANDAUG_POLICIES)):
     if cfg[field] not in choices:
       _fail(field, cfg[field], f"is not one of {choices}")
   for field in ("name", "train_split", "eval_split"):
@@ -66,7 +74,8 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
       _fail(field, cfg[field], "must be a non-empty string")
   for field, minimum in (("image_size", 1), ("crop_padding", 0),
                          ("shuffle_buffer", 1), ("cache_max_mb", 0),
-                         ("threads", 0), ("prefetch", 0), ("num_shards", 0)):
+                         ("threads", 0), ("prefetch", 0), ("num_shards", 0),
+                         ("randaug_layers", 0)):
     value = cfg[field]
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
       _fail(field, value, f"must be an integer >= {minimum}")
@@ -90,3 +99,8 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     _fail("central_crop_fraction", cfg.central_crop_fraction, "must be in (0, 1]")
   if not isinstance(cfg.mixup_alpha, numbers.Real) or cfg.mixup_alpha < 0:
     _fail("mixup_alpha", cfg.mixup_alpha, "must be a number >= 0 (0: off)")
+  magnitude = cfg.randaug_magnitude
+  if (not isinstance(magnitude, numbers.Real) or isinstance(magnitude, bool) or
+      not 0 <= magnitude <= MAX_RANDAUG_MAGNITUDE):
+    _fail("randaug_magnitude", magnitude,
+          f"must be a number in [0, {MAX_RANDAUG_MAGNITUDE:g}] (10: the TF code's max level)")
