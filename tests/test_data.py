@@ -140,6 +140,22 @@ def test_mixup_targets_sum_to_one():
   np.testing.assert_allclose(tf.reduce_sum(mixed["label"], -1), 1, rtol=1e-6)
 
 
+def test_mixup_keeps_the_larger_share_as_big_vision():
+  """image_i = r x_i + (1 - r) x_{i-1} with r = max(b, 1 - b), b ~ Beta(p, p)."""
+  labels = tf.range(8)  # Distinct classes: the label rows show r.
+  batch = {"image": tf.cast(tf.reshape(tf.range(8), [8, 1, 1, 1]), tf.float32) *
+           tf.ones([8, 2, 2, 3]), "label": labels}
+  ratios = []
+  for seed in range(20):
+    mixed = pp.mixup(batch, tf.constant([seed, 0], tf.int64), alpha=0.5, num_classes=8)
+    own = tf.gather(mixed["label"], labels, batch_dims=1).numpy()
+    np.testing.assert_allclose(own, own[0], rtol=1e-6)  # One ratio for the batch.
+    expected = own[0] * np.arange(8) + (1 - own[0]) * np.roll(np.arange(8), 1)
+    np.testing.assert_allclose(mixed["image"][:, 0, 0, 0], expected, rtol=1e-5)
+    ratios.append(own[0])
+  assert min(ratios) >= 0.5 and max(ratios) < 1
+
+
 # --- Fashion-MNIST from Debian's IDX files ------------------------------
 
 

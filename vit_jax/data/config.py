@@ -29,7 +29,8 @@ def get_data_config() -> ml_collections.ConfigDict:
   c.eval_crop = "resize"  # One of EVAL_CROPS.
   c.central_crop_fraction = 0.875  # 'central_crop': resize to size/fraction, crop.
   c.value_range = (-1.0, 1.0)
-  c.mixup_alpha = 0.0  # 0 turns mixup off; otherwise labels are soft targets.
+  # Mixup's Beta(alpha, alpha), big_vision's `p`; 0 turns it off, else labels are soft targets.
+  c.mixup_alpha = 0.0
   # RandAugment after cropping and flipping: randaug_layers ops per image (0: off) at
   # randaug_magnitude (big_vision's scale, 0-30), from one of randaugment.POLICIES.
   c.randaug_layers = 0
