@@ -209,6 +209,7 @@ def test_workdir_of_another_model_refuses_to_resume(tmp_path, dataset):
     ("accum_steps", 5, "config.accum_steps=5: must be >= 1 and divide batch_size=32"),
     ("data.train_crop", "foo", "data.train_crop='foo' is not one of"),
     ("cpu_devices", 0, "config.cpu_devices=0: must be None or >= 1"),
+    ("model.stochastic_depth", 1.5, "config.model.stochastic_depth=1.5: must be in"),
 ])
 def test_bad_config_names_the_field(field, value, message):
   c = tiny_config(("mnist", None), **{field: value})

@@ -10,8 +10,8 @@ DTYPES = ("float32", "bfloat16")
 MODEL_FIELDS = dict(
     patch_size=int, hidden_size=int, mlp_dim=int, num_heads=int, num_layers=int,
     representation_size=int, classifier=str, posemb=str, resnet_layers=tuple,
-    resnet_width_factor=float, dropout=float, attention_dropout=float, head_bias_init=float,
-    remat=bool, attention_impl=str)
+    resnet_width_factor=float, dropout=float, attention_dropout=float, stochastic_depth=float,
+    head_bias_init=float, remat=bool, attention_impl=str)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -79,6 +79,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
            f"unknown model field; known: {sorted(known.model.keys())}")
   _check(c.dtype in DTYPES, "dtype", c.dtype, f"expected one of {DTYPES}")
   _check(c.loss in trainer.LOSSES, "loss", c.loss, f"expected one of {trainer.LOSSES}")
+  _check(c.model.stochastic_depth is None or 0 <= c.model.stochastic_depth < 1,
+         "model.stochastic_depth", c.model.stochastic_depth, "must be in [0, 1) (0: off)")
   o = c.optimizer
   _check(o.name in optimizers.OPTIMIZERS, "optimizer.name", o.name,
          f"expected one of {optimizers.OPTIMIZERS}")

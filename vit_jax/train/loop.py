@@ -57,7 +57,7 @@ def _meta(c: ml_collections.ConfigDict, model: models.VisionTransformer) -> dict
   """What a checkpoint must agree with to be resumed."""
   fields = models.model_config(c.model_name, **_model_overrides(c))
   fields = {k: v for k, v in fields.items() if k not in ("dropout", "attention_dropout", "remat",
-                                                         "attention_impl")}
+                                                         "attention_impl", "stochastic_depth")}
   return {"model_name": c.model_name, "num_classes": model.num_classes,
           "model": json.loads(json.dumps(fields, default=list))}
 
