@@ -39,6 +39,7 @@ def base_config() -> ml_collections.ConfigDict:
       weight_decay=0.1, grad_clip_norm=1.0,
       mu_dtype=ml_collections.FieldReference(None, field_type=str)))
   c.loss = "softmax_xent"
+  c.label_smoothing = 0.0  # Targets become (1 - a) * targets + a / num_classes.
 
   # Few-shot linear probes run with the evaluation (off while `datasets` is empty).
   c.fewshot = ml_collections.ConfigDict(dict(
@@ -79,6 +80,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
            f"unknown model field; known: {sorted(known.model.keys())}")
   _check(c.dtype in DTYPES, "dtype", c.dtype, f"expected one of {DTYPES}")
   _check(c.loss in trainer.LOSSES, "loss", c.loss, f"expected one of {trainer.LOSSES}")
+  _check(0 <= c.label_smoothing < 1, "label_smoothing", c.label_smoothing,
+         "must be in [0, 1) (0: off)")
   _check(c.model.stochastic_depth is None or 0 <= c.model.stochastic_depth < 1,
          "model.stochastic_depth", c.model.stochastic_depth, "must be in [0, 1) (0: off)")
   o = c.optimizer

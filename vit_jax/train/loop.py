@@ -112,7 +112,8 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir: str) -> dict[str, 
         state=ocp.args.StandardRestore(abstract)))["state"]
     logging.info("Resumed from %s at step %d.", workdir, start)
 
-  train_step = trainer.make_train_step(model, tx, c.loss, state_shardings, mesh, dropout_rng)
+  train_step = trainer.make_train_step(model, tx, c.loss, state_shardings, mesh, dropout_rng,
+                                       label_smoothing=c.label_smoothing)
   batches = data.train_iterator(c.data, global_batch_size=micro_batch,
                                 sharding=sharding.batch_sharding(mesh), seed=c.seed,
                                 start_step=start)

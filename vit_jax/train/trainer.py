@@ -20,16 +20,23 @@ def onehot_targets(labels: jnp.ndarray, num_classes: int) -> jnp.ndarray:
   return jax.nn.one_hot(labels, num_classes, dtype=jnp.float32)
 
 
-def per_example_loss(name: str, logits: jnp.ndarray, labels: jnp.ndarray) -> jnp.ndarray:
-  """Softmax cross-entropy, or sigmoid cross-entropy summed over classes."""
+def per_example_loss(name: str, logits: jnp.ndarray, labels: jnp.ndarray,
+                     label_smoothing: float = 0.0) -> jnp.ndarray:
+  """Softmax cross-entropy, or sigmoid cross-entropy summed over classes.
+
+  `label_smoothing` a moves targets to (1 - a) * targets + a / num_classes.
+  """
   targets = onehot_targets(labels, logits.shape[-1])
+  if label_smoothing:
+    targets = optax.smooth_labels(targets, label_smoothing)
   if name == "sigmoid_xent":
     return jnp.sum(optax.sigmoid_binary_cross_entropy(logits, targets), axis=-1)
   return optax.softmax_cross_entropy(logits, targets)
 
 
-def loss_fn(name: str, logits: jnp.ndarray, labels: jnp.ndarray) -> jnp.ndarray:
-  return jnp.mean(per_example_loss(name, logits, labels))
+def loss_fn(name: str, logits: jnp.ndarray, labels: jnp.ndarray,
+            label_smoothing: float = 0.0) -> jnp.ndarray:
+  return jnp.mean(per_example_loss(name, logits, labels, label_smoothing))
 
 
 def init_state(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh,
@@ -53,7 +60,8 @@ def init_state(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh,
 
 
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation, loss_name: str,
-                    state_shardings: Any, mesh: Mesh, rng: jax.Array) -> Callable:
+                    state_shardings: Any, mesh: Mesh, rng: jax.Array,
+                    label_smoothing: float = 0.0) -> Callable:
   """`(state, batch) -> (state, metrics)`, jit-compiled, the state donated."""
 
   def step_fn(state: TrainState, batch: dict[str, jax.Array]):
@@ -62,7 +70,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, loss_nam
     def compute_loss(params):
       logits = model.apply({"params": params}, batch["image"], train=True,
                            rngs={"dropout": dropout_rng})
-      return loss_fn(loss_name, logits, batch["label"])
+      return loss_fn(loss_name, logits, batch["label"], label_smoothing)
 
     loss, grads = jax.value_and_grad(compute_loss)(state["params"])
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
