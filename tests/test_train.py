@@ -130,24 +130,32 @@ def _wait_for(path, proc, timeout=300):
     time.sleep(0.2)
 
 
+# Every random AugReg ingredient on: RandAugment, mixup, label smoothing, stochastic depth.
+AUGREG_FLAGS = ("--config.data.randaug_layers=2", "--config.data.randaug_magnitude=15",
+                "--config.data.mixup_alpha=0.5", "--config.label_smoothing=0.1",
+                "--config.model.stochastic_depth=0.1")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
-def test_killed_run_resumes_to_the_same_losses(tmp_path, dataset, sig):
-  full = run_cli(cli(tmp_path / "full", dataset, "--config.total_steps=40"))
+@pytest.mark.parametrize("sig,flags", [(signal.SIGKILL, ()), (signal.SIGTERM, ()),
+                                       (signal.SIGKILL, AUGREG_FLAGS)],
+                         ids=["SIGKILL", "SIGTERM", "SIGKILL_augreg"])
+def test_killed_run_resumes_to_the_same_losses(tmp_path, dataset, sig, flags):
+  full = run_cli(cli(tmp_path / "full", dataset, "--config.total_steps=40", *flags))
   assert full.returncode == 0, full.stderr[-3000:]
   expected = read_scalars(tmp_path / "full", "train_loss")
 
   workdir = tmp_path / "killed"
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
-  proc = subprocess.Popen(cli(workdir, dataset, "--config.total_steps=40"), env=env, cwd=REPO,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(cli(workdir, dataset, "--config.total_steps=40", *flags), env=env,
+                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   _wait_for(workdir / "checkpoints" / "8", proc)
   proc.send_signal(sig)
   _, stderr = proc.communicate(timeout=120)
   if sig == signal.SIGTERM:
     assert proc.returncode == 0, stderr[-3000:]
     assert "Preempted: saved step" in stderr
-  resumed = run_cli(cli(workdir, dataset, "--config.total_steps=40"))
+  resumed = run_cli(cli(workdir, dataset, "--config.total_steps=40", *flags))
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert "Resumed from" in resumed.stderr
   after = read_scalars(workdir, "train_loss", newest_file_only=True)
