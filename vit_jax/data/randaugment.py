@@ -41,6 +41,13 @@ def _to_uint8(x: tf.Tensor) -> tf.Tensor:
   return tf.cast(tf.clip_by_value(x, 0, 255), tf.uint8)
 
 
+def _select(condition: tf.Tensor, a, b: tf.Tensor) -> tf.Tensor:
+  """tf.where(condition, a, b) for uint8 b by arithmetic, 3-5x faster on CPU than
+  SelectV2 or than broadcasting inside the arithmetic."""
+  keep = tf.broadcast_to(tf.cast(condition, tf.uint8), tf.shape(b))
+  return a * keep + b * (1 - keep)
+
+
 def grayscale(images: tf.Tensor) -> tf.Tensor:
   """PIL's convert("L"): (19595 R + 38470 G + 7471 B + 2**15) >> 16, as int32 [B, H, W, 1]."""
   rgb = tf.cast(images, tf.int32)
@@ -80,16 +87,20 @@ def sharpness(images: tf.Tensor, factor) -> tf.Tensor:
   smooth = _to_uint8(tf.floor(smooth + 0.5))
   h, w = tf.shape(images)[1], tf.shape(images)[2]
   inside = tf.pad(tf.ones([h - 2, w - 2, 1], tf.bool), [[1, 1], [1, 1], [0, 0]])
-  return blend(tf.where(inside, smooth, images), images, factor)
+  return blend(_select(inside, smooth, images), images, factor)
 
 
 def _channel_luts(images: tf.Tensor, lut_fn) -> tf.Tensor:
-  """Maps each (image, channel) through its own 256-entry table lut_fn(histograms)."""
-  b, h, w, c = (tf.shape(images)[i] for i in range(4))
-  rows = tf.reshape(tf.transpose(tf.cast(images, tf.int32), [0, 3, 1, 2]), [b * c, h * w])
-  hist = tf.math.bincount(rows, minlength=256, maxlength=256, axis=-1)
-  out = tf.gather(lut_fn(hist), rows, batch_dims=1)
-  return tf.transpose(tf.reshape(_to_uint8(out), [b, c, h, w]), [0, 2, 3, 1])
+  """Maps each (image, channel) through its own 256-entry table lut_fn(histograms),
+  histograms and tables being [B * C, 256]."""
+  b, c = tf.shape(images)[0], tf.shape(images)[3]
+  # Value v of channel j of image i counts in bin (i * C + j) * 256 + v.
+  offsets = tf.reshape(tf.range(b * c) * 256, [b, 1, 1, c])
+  bins = tf.cast(images, tf.int32) + offsets
+  hist = tf.math.bincount(tf.reshape(bins, [-1]), minlength=b * c * 256,
+                          maxlength=b * c * 256)
+  lut = lut_fn(tf.reshape(hist, [b * c, 256]))
+  return tf.cast(tf.gather(tf.reshape(lut, [-1]), bins), tf.uint8)
 
 
 def autocontrast(images: tf.Tensor) -> tf.Tensor:
@@ -99,6 +110,7 @@ def autocontrast(images: tf.Tensor) -> tf.Tensor:
     lo = tf.argmax(seen, axis=1, output_type=tf.int32)[:, None]
     hi = 255 - tf.argmax(tf.reverse(seen, [1]), axis=1, output_type=tf.int32)[:, None]
     scale = 255.0 / tf.cast(tf.maximum(hi - lo, 1), tf.float64)
+    # PIL's float64 arithmetic, truncated (the exact quotient differs in 0.4% of entries).
     values = tf.range(256, dtype=tf.float64)[None]
     stretched = tf.cast(values * scale - tf.cast(lo, tf.float64) * scale, tf.int32)
     return tf.where(hi > lo, tf.clip_by_value(stretched, 0, 255), tf.range(256)[None])
@@ -129,14 +141,14 @@ def posterize(images: tf.Tensor, bits) -> tf.Tensor:
 def solarize(images: tf.Tensor, threshold) -> tf.Tensor:
   """ImageOps.solarize: inverts the values >= threshold."""
   keep = tf.cast(images, tf.int32) < _per_example(threshold, images, tf.int32)
-  return tf.where(keep, images, 255 - images)
+  return _select(keep, images, 255 - images)
 
 
 def solarize_add(images: tf.Tensor, addition, threshold=128) -> tf.Tensor:
   """The TF code's SolarizeAdd: adds `addition` (clipped) to the values < threshold."""
   values = tf.cast(images, tf.int32)
   added = _to_uint8(values + _per_example(addition, images, tf.int32))
-  return tf.where(values < _per_example(threshold, images, tf.int32), added, images)
+  return _select(values < _per_example(threshold, images, tf.int32), added, images)
 
 
 def _transform(images: tf.Tensor, rows: list[tf.Tensor]) -> tf.Tensor:
@@ -186,7 +198,7 @@ def cutout(images: tf.Tensor, centers: tf.Tensor, pad_size) -> tf.Tensor:
   y = tf.range(tf.shape(images)[1])[None, :, None, None]
   x = tf.range(tf.shape(images)[2])[None, None, :, None]
   inside = (y >= cy - pad) & (y < cy + pad) & (x >= cx - pad) & (x < cx + pad)
-  return tf.where(inside, tf.cast(_FILL, images.dtype), images)
+  return _select(inside, tf.constant(_FILL, tf.uint8), images)
 
 
 def _random_sign(rng: tf.Tensor, images: tf.Tensor) -> tf.Tensor:
