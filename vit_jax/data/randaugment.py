@@ -13,10 +13,10 @@ Each op is defined as PIL's (ImageOps / ImageEnhance) where PIL has it, and
 the level -> argument mapping is the TF code's, including its quirks: the
 enhance factors are 0.1 + 1.8 * M / 10 (never below 1 for M >= 5), Solarize's
 threshold is 256 * M / 10 (a no-op from M = 10 on), Posterize keeps 4 * M / 10
-bits (at least 1, as TF's clamped shifts give). Two deviations, both exact at
-224 px where AugReg trained: translations (100 px at M = 10) and Cutout
-(40 px) scale with the image side; and Contrast blends towards the mean grey
-level, as PIL does, where the TF code uses pixel count / 256 (a bug).
+bits (at least 1, as TF's clamped shifts give). Two deviations: translations
+(100 px at M = 10) and Cutout (40 px) scale with the image side, so they are
+the TF code's at 224 px, where AugReg trained; and Contrast blends towards the
+mean grey level, as PIL does, where the TF code uses pixel count / 256 (a bug).
 
 Ops work on uint8 [B, H, W, 3]; each example's randomness comes from one
 stateless seed, so the result depends only on (images, rng).
