@@ -15,12 +15,18 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 
 
-def load_config(spec: str):
-  """A config file's `get_config(arg)`, as `--config path.py:arg` would load it."""
-  path, _, arg = spec.partition(":")
+def load_config_module(path: str):
+  """A config file (relative to the repository) as a module: its tables and get_config."""
   module_spec = importlib.util.spec_from_file_location("config_module", REPO / path)
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
+  return module
+
+
+def load_config(spec: str):
+  """A config file's `get_config(arg)`, as `--config path.py:arg` would load it."""
+  path, _, arg = spec.partition(":")
+  module = load_config_module(path)
   return module.get_config(arg) if arg else module.get_config()
 
 

@@ -87,6 +87,14 @@ def test_config_errors_name_the_field():
   cfg.flipp = True
   with pytest.raises(ValueError, match=r"config.data.flipp=.*unknown field; did you mean flip"):
     data.dataset_info(cfg)
+  for field, value, message in (
+      ("randaug_layers", -1, r"config.data.randaug_layers=-1: must be an integer >= 0"),
+      ("randaug_magnitude", 31.0, r"config.data.randaug_magnitude=31.0: must be a number in \[0, 30\]"),
+      ("randaug_policy", "timm", r"config.data.randaug_policy='timm': expected one of")):
+    cfg = data.get_data_config()
+    cfg[field] = value
+    with pytest.raises(ValueError, match=message):
+      data.dataset_info(cfg)
 
 
 def test_unknown_tfds_name(tmp_path):
@@ -130,6 +138,22 @@ def test_mixup_targets_sum_to_one():
   mixed = pp.mixup(batch, tf.constant([1, 2], tf.int64), alpha=0.2, num_classes=3)
   assert mixed["label"].shape == (8, 3)
   np.testing.assert_allclose(tf.reduce_sum(mixed["label"], -1), 1, rtol=1e-6)
+
+
+def test_mixup_keeps_the_larger_share_as_big_vision():
+  """image_i = r x_i + (1 - r) x_{i-1} with r = max(b, 1 - b), b ~ Beta(p, p)."""
+  labels = tf.range(8)  # Distinct classes: the label rows show r.
+  batch = {"image": tf.cast(tf.reshape(tf.range(8), [8, 1, 1, 1]), tf.float32) *
+           tf.ones([8, 2, 2, 3]), "label": labels}
+  ratios = []
+  for seed in range(20):
+    mixed = pp.mixup(batch, tf.constant([seed, 0], tf.int64), alpha=0.5, num_classes=8)
+    own = tf.gather(mixed["label"], labels, batch_dims=1).numpy()
+    np.testing.assert_allclose(own, own[0], rtol=1e-6)  # One ratio for the batch.
+    expected = own[0] * np.arange(8) + (1 - own[0]) * np.roll(np.arange(8), 1)
+    np.testing.assert_allclose(mixed["image"][:, 0, 0, 0], expected, rtol=1e-5)
+    ratios.append(own[0])
+  assert min(ratios) >= 0.5 and max(ratios) < 1
 
 
 # --- Fashion-MNIST from Debian's IDX files ------------------------------
@@ -200,7 +224,8 @@ def test_fashion_mnist_without_files_or_network(tmp_path, monkeypatch):
     {},  # Decoded in memory, batched augmentation.
     {"train_crop": "inception", "mixup_alpha": 0.2, "image_size": 16},
     {"cache": False},  # Streamed from disk through a shuffle buffer.
-], ids=["in_memory", "inception_mixup", "streamed"])
+    {"randaug_layers": 2, "randaug_magnitude": 15.0},
+], ids=["in_memory", "inception_mixup", "streamed", "randaug"])
 def test_train_is_deterministic_and_resumable(shared_data, overrides):
   cfg = _mnist_config(shared_data, **overrides)
   run = _take(_train(cfg, seed=1), 20)  # Crosses the first epoch boundary.
@@ -344,12 +369,14 @@ def test_image_folder_split_must_exist(tmp_path):
     data.dataset_info(cfg)
 
 
-@pytest.mark.parametrize("cache", [True, False], ids=["in_memory", "streamed"])
-def test_image_folder_resume_and_process_shards(tmp_path, cache):
+@pytest.mark.parametrize("cache,randaug", [(True, 0), (False, 0), (True, 2)],
+                         ids=["in_memory", "streamed", "in_memory_randaug"])
+def test_image_folder_resume_and_process_shards(tmp_path, cache, randaug):
   """Needs no downloaded data: a fresh clone runs it."""
   _write_folder(tmp_path)
   cfg = data.get_data_config()
-  cfg.update(name=str(tmp_path), image_size=16, cache=cache, shuffle_buffer=4)
+  cfg.update(name=str(tmp_path), image_size=16, cache=cache, shuffle_buffer=4,
+             randaug_layers=randaug, randaug_magnitude=15.0)
   train = lambda **kw: pipeline._train_dataset(
       cfg, local_batch=8, seed=3, process_index=0, process_count=1, **kw)
   run, resumed = _take(train(start_step=0), 8), _take(train(start_step=5), 3)

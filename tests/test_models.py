@@ -181,3 +181,40 @@ def test_bad_classifier_is_explained():
   model = models.create_model("ViT-Ti_16", classifier="cls", patch_size=8, **TINY)
   with pytest.raises(ValueError, match="classifier='cls', expected one of"):
     model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
+
+
+def test_stochastic_depth_keeps_the_parameter_tree_and_evaluation():
+  images = jax.random.normal(jax.random.key(1), (4, 32, 32, 3))
+  plain, deep = (models.create_model("ViT-Ti_16", num_classes=5, patch_size=8,
+                                     stochastic_depth=r, **TINY) for r in (0.0, 0.5))
+  variables = plain.init(jax.random.key(0), images)
+  assert jax.tree.map(np.shape, deep.init(jax.random.key(0), images)) == jax.tree.map(
+      np.shape, variables)
+  variables = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(2), p.shape),
+                           variables)
+  np.testing.assert_array_equal(deep.apply(variables, images), plain.apply(variables, images))
+  trained = deep.apply(variables, images, train=True, rngs={"dropout": jax.random.key(3)})
+  assert not np.allclose(trained, plain.apply(variables, images))
+
+
+def test_stochastic_depth_drops_whole_branches_per_example_at_linear_rates():
+  layers, rate, n = 4, 0.4, 2048
+  model = models.create_model("ViT-Ti_16", num_classes=2, patch_size=4, hidden_size=8,
+                              mlp_dim=16, num_heads=2, num_layers=layers, stochastic_depth=rate)
+  images = jax.random.normal(jax.random.key(1), (n, 8, 8, 3))
+  variables = model.init(jax.random.key(0), images[:1])
+  _, state = model.apply(variables, images, train=True, rngs={"dropout": jax.random.key(2)},
+                         capture_intermediates=lambda m, _: isinstance(m, models.vit.DropPath))
+  blocks = state["intermediates"]["Transformer"]
+  for i in range(layers):
+    branches = blocks[f"encoderblock_{i}"]
+    assert len(branches) == 2  # Attention and MLP.
+    for branch in branches.values():
+      out = np.asarray(branch["__call__"][0]).reshape(n, -1)
+      dropped = (out == 0).all(axis=1)
+      assert ((out == 0).any(axis=1) == dropped).all()  # Whole examples, never parts.
+      # Binomial(2048, p <= 0.4) has sd <= 0.011: 0.06 is > 5 sd (and the keys are fixed).
+      assert abs(dropped.mean() - rate * (i + 1) / layers) < 0.06, (i, dropped.mean())
+  with pytest.raises(ValueError, match=r"stochastic_depth=1.0, expected a rate in \[0, 1\)"):
+    models.create_model("ViT-Ti_16", patch_size=8, stochastic_depth=1.0, **TINY).init(
+        jax.random.key(0), jnp.zeros((1, 32, 32, 3)))

@@ -74,23 +74,32 @@ def _wait_for(path, proc, timeout=300):
     time.sleep(0.2)
 
 
+# Every random AugReg ingredient on: RandAugment, mixup, label smoothing, stochastic depth.
+AUGREG_FLAGS = ("--config.data.randaug_layers=2", "--config.data.randaug_magnitude=15",
+                "--config.data.mixup_alpha=0.5", "--config.label_smoothing=0.1",
+                "--config.model.stochastic_depth=0.1")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
-def test_killed_run_resumes_to_the_same_losses(tmp_path, dataset, sig):
-  full = run_cli(cli(tmp_path / "full", dataset, "--config.total_steps=40"))
+@pytest.mark.parametrize("sig,flags", [(signal.SIGKILL, ()), (signal.SIGTERM, ()),
+                                       (signal.SIGKILL, AUGREG_FLAGS)],
+                         ids=["SIGKILL", "SIGTERM", "SIGKILL_augreg"])
+def test_killed_run_resumes_to_the_same_losses(tmp_path, dataset, sig, flags):
+  full = run_cli(cli(tmp_path / "full", dataset, "--config.total_steps=40", *flags))
   assert full.returncode == 0, full.stderr[-3000:]
   expected = read_scalars(tmp_path / "full", "train_loss")
 
   workdir = tmp_path / "killed"
-  proc = subprocess.Popen(cli(workdir, dataset, "--config.total_steps=40"), env=cpu_env(), cwd=REPO,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(cli(workdir, dataset, "--config.total_steps=40", *flags),
+                          env=cpu_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
   _wait_for(workdir / "checkpoints" / "8", proc)
   proc.send_signal(sig)
   _, stderr = proc.communicate(timeout=120)
   if sig == signal.SIGTERM:
     assert proc.returncode == 0, stderr[-3000:]
     assert "Preempted: saved step" in stderr
-  resumed = run_cli(cli(workdir, dataset, "--config.total_steps=40"))
+  resumed = run_cli(cli(workdir, dataset, "--config.total_steps=40", *flags))
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert "Resumed from" in resumed.stderr
   after = read_scalars(workdir, "train_loss", newest_file_only=True)
@@ -152,6 +161,7 @@ def test_workdir_of_another_model_refuses_to_resume(tmp_path, dataset):
     ("data.flipp", True, "config.data.flipp=True: unknown field; did you mean flip?"),
     ("optimizer.weight_decai", 0.0, "config.optimizer.weight_decai=0.0: unknown field; did you mean weight_decay"),
     ("cpu_devices", 0, "config.cpu_devices=0: must be None or >= 1"),
+    ("model.stochastic_depth", 1.5, "config.model.stochastic_depth=1.5: must be in"),
 ])
 def test_bad_config_names_the_field(field, value, message):
   c = tiny_config(("mnist", None), **{field: value})

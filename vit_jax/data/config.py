@@ -8,6 +8,8 @@ from vit_jax.config_errors import check, check_known
 TRAIN_CROPS = ("inception", "random_crop", "resize")
 EVAL_CROPS = ("resize", "central_crop")
 ON_BAD_IMAGE = ("fail", "skip")
+RANDAUG_POLICIES = ("augreg", "paper")  # randaugment.POLICIES' keys.
+MAX_RANDAUG_MAGNITUDE = 30.0
 
 
 def get_data_config() -> ml_collections.ConfigDict:
@@ -29,7 +31,13 @@ def get_data_config() -> ml_collections.ConfigDict:
   c.eval_crop = "resize"  # One of EVAL_CROPS.
   c.central_crop_fraction = 0.875  # 'central_crop': resize to size/fraction, crop.
   c.value_range = (-1.0, 1.0)
-  c.mixup_alpha = 0.0  # 0 turns mixup off; otherwise labels are soft targets.
+  # Mixup's Beta(alpha, alpha), big_vision's `p`; 0 turns it off, else labels are soft targets.
+  c.mixup_alpha = 0.0
+  # RandAugment after cropping and flipping: randaug_layers ops per image (0: off) at
+  # randaug_magnitude (big_vision's scale, 0-30), from one of randaugment.POLICIES.
+  c.randaug_layers = 0
+  c.randaug_magnitude = 10.0
+  c.randaug_policy = "augreg"
 
   c.shuffle_buffer = 50_000  # Only for splits streamed from disk.
   c.cache = True  # Keep a process's split in memory if it fits in cache_max_mb.
@@ -66,14 +74,15 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     _check(key in cfg, key, None, "missing; start from get_data_config()")
 
   for field, choices in (("train_crop", TRAIN_CROPS), ("eval_crop", EVAL_CROPS),
-                         ("on_bad_image", ON_BAD_IMAGE)):
+                         ("on_bad_image", ON_BAD_IMAGE), ("randaug_policy", RANDAUG_POLICIES)):
     _check(cfg[field] in choices, field, cfg[field], f"expected one of {choices}")
   for field in ("name", "train_split", "eval_split"):
     _check(isinstance(cfg[field], str) and bool(cfg[field]), field, cfg[field],
            "must be a non-empty string")
   for field, minimum in (("image_size", 1), ("crop_padding", 0),
                          ("shuffle_buffer", 1), ("cache_max_mb", 0),
-                         ("threads", 0), ("prefetch", 0), ("num_shards", 0)):
+                         ("threads", 0), ("prefetch", 0), ("num_shards", 0),
+                         ("randaug_layers", 0)):
     _check(_is_int(cfg[field]) and cfg[field] >= minimum, field, cfg[field],
            f"must be an integer >= {minimum}")
   for field in ("flip", "cache", "download"):
@@ -86,3 +95,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
          cfg.central_crop_fraction, "must be in (0, 1]")
   _check(isinstance(cfg.mixup_alpha, numbers.Real) and cfg.mixup_alpha >= 0, "mixup_alpha",
          cfg.mixup_alpha, "must be a number >= 0 (0: off)")
+  magnitude = cfg.randaug_magnitude
+  _check(isinstance(magnitude, numbers.Real) and not isinstance(magnitude, bool) and
+         0 <= magnitude <= MAX_RANDAUG_MAGNITUDE, "randaug_magnitude", magnitude,
+         f"must be a number in [0, {MAX_RANDAUG_MAGNITUDE:g}] (10: the TF code's max level)")

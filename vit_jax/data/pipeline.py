@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from vit_jax.data import config as config_lib
 from vit_jax.data import preprocess as pp
+from vit_jax.data import randaugment
 from vit_jax.data import sources
 
 # Keep TensorFlow off accelerators: they belong to JAX.
@@ -31,8 +32,8 @@ except RuntimeError:  # TF already initialised its devices.
   pass
 
 _INT64_MAX = 2**63 - 1
-# Tags that make the shuffle, augmentation and mixup randomness independent.
-_SHUFFLE, _AUGMENT, _AUGMENT_BATCH, _MIXUP = 1, 2, 3, 4
+# Tags that make the shuffle, augmentation, RandAugment and mixup randomness independent.
+_SHUFFLE, _AUGMENT, _AUGMENT_BATCH, _MIXUP, _RANDAUG = 1, 2, 3, 4, 5
 
 Batch = dict[str, jax.Array]
 
@@ -126,7 +127,7 @@ def _augment(cfg: ml_collections.ConfigDict, fitted: bool):
   Unfitted batches hold equally sized images at their stored resolution; they
   are cropped before resizing, so that little images stay cheap.
   """
-  def fn(batch, rng):
+  def fn(batch, rng, randaug_rng):
     crop_rng, flip_rng = tf.unstack(
         tf.random.experimental.stateless_split(rng, 2))
     images = batch["image"]
@@ -137,8 +138,11 @@ def _augment(cfg: ml_collections.ConfigDict, fitted: bool):
       images = pp.random_crop(images, crop_rng, cfg.crop_padding)
     if cfg.flip:
       images = pp.random_flip(images, flip_rng)
-    images = pp.value_range(pp.resize(images, cfg.image_size), *cfg.value_range)
-    return {"image": pp.gray_to_rgb(images),
+    images = pp.gray_to_rgb(pp.resize(images, cfg.image_size))
+    if cfg.randaug_layers:
+      images = randaugment.randaugment(images, randaug_rng, cfg.randaug_layers,
+                                       cfg.randaug_magnitude, cfg.randaug_policy)
+    return {"image": pp.value_range(images, *cfg.value_range),
             "label": tf.cast(batch["label"], tf.int32)}
   return fn
 
@@ -214,7 +218,8 @@ def _train_dataset(cfg: ml_collections.ConfigDict, *, local_batch: int,
   augment, num_classes = _augment(cfg, fitted=mode != "decoded"), len(
       source.class_names)
   def finish(step, batch):
-    batch = augment(batch, _rng(key, _AUGMENT_BATCH, step))
+    batch = augment(batch, _rng(key, _AUGMENT_BATCH, step),
+                    _rng(key, _RANDAUG, step))
     if cfg.mixup_alpha > 0:
       batch = pp.mixup(batch, _rng(key, _MIXUP, step), cfg.mixup_alpha,
                        num_classes)

@@ -109,14 +109,18 @@ def mixup(batch: dict[str, tf.Tensor], rng: tf.Tensor, alpha: float,
           num_classes: int) -> dict[str, tf.Tensor]:
   """Mixes each example with its neighbour in the batch (Zhang et al. 2018).
 
-  One ratio r ~ Beta(alpha, alpha) for the batch: image = r*x_i + (1-r)*x_{i-1}
-  and `label` becomes the same mix of one-hot vectors (rows sum to one).
+  As big_vision's `get_mixup(rng, p)`, which AugReg used with alpha = p: one
+  r ~ Beta(alpha, alpha) for the batch, folded to r = max(r, 1 - r) so that
+  every example keeps the larger share of itself, image = r*x_i + (1-r)*x_{i-1},
+  and `label` becomes the same mix of one-hot vectors (rows sum to one). Every
+  batch is mixed: p is the Beta concentration, not a probability.
   """
   # Beta(a, a) as G1 / (G1 + G2) with Gi ~ Gamma(a); float64 so that small
   # alphas don't underflow both draws to 0.
   g = tf.random.stateless_gamma([2], seed=rng, alpha=alpha, dtype=tf.float64)
   total = g[0] + g[1]
-  ratio = tf.cast(tf.where(total > 0, g[0] / total, 0.5), tf.float32)
+  ratio = tf.where(total > 0, g[0] / total, 0.5)
+  ratio = tf.cast(tf.maximum(ratio, 1 - ratio), tf.float32)
   labels = tf.one_hot(batch["label"], num_classes, dtype=tf.float32)
   mix = lambda x: ratio * x + (1 - ratio) * tf.roll(x, shift=1, axis=0)
   return {**batch, "image": mix(batch["image"]), "label": mix(labels)}

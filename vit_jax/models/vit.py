@@ -129,6 +129,17 @@ class MultiHeadDotProductAttention(nn.Module):
     return out[:, :q_len], weights
 
 
+class DropPath(nn.Module):
+  """Stochastic depth (Huang et al. 2016) on a residual branch: zeroes the whole branch
+  of each example with probability `rate` in training, scaling kept ones by 1/(1-rate)."""
+
+  rate: float
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray, deterministic: bool = True) -> jnp.ndarray:
+    return nn.Dropout(self.rate, broadcast_dims=tuple(range(1, x.ndim)))(x, deterministic)
+
+
 class Encoder1DBlock(nn.Module):
   """Pre-LN block: z' = MSA(LN(z)) + z; z = MLP(LN(z')) + z'."""
 
@@ -138,6 +149,7 @@ class Encoder1DBlock(nn.Module):
   attention_dropout: float = 0.0
   dtype: Any = jnp.float32
   attention_impl: Optional[str] = None
+  drop_path: float = 0.0  # This block's stochastic-depth rate.
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, deterministic: bool = True,
@@ -147,10 +159,11 @@ class Encoder1DBlock(nn.Module):
         self.num_heads, self.attention_dropout, self.dtype, self.attention_impl,
         name="MultiHeadDotProductAttention_1")(
             y, y, deterministic=deterministic, return_weights=return_weights)
-    x = x + nn.Dropout(self.dropout)(y, deterministic)
+    y = nn.Dropout(self.dropout)(y, deterministic)
+    x = x + DropPath(self.drop_path)(y, deterministic)
     y = nn.LayerNorm(dtype=self.dtype, name="LayerNorm_2")(x)
     y = MlpBlock(self.mlp_dim, self.dropout, self.dtype, name="MlpBlock_3")(y, deterministic)
-    return x + y, weights
+    return x + DropPath(self.drop_path)(y, deterministic), weights
 
 
 class AddPositionEmbs(nn.Module):
@@ -175,6 +188,7 @@ class Encoder(nn.Module):
   remat: bool = False
   dtype: Any = jnp.float32
   attention_impl: Optional[str] = None
+  stochastic_depth: float = 0.0  # The last block's rate; block i has (i + 1) / L of it.
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, deterministic: bool = True,
@@ -189,7 +203,9 @@ class Encoder(nn.Module):
     for i in range(self.num_layers):
       x, weights = block(
           self.mlp_dim, self.num_heads, self.dropout, self.attention_dropout,
-          self.dtype, self.attention_impl, name=f"encoderblock_{i}")(
+          self.dtype, self.attention_impl,
+          drop_path=self.stochastic_depth * (i + 1) / self.num_layers,
+          name=f"encoderblock_{i}")(
               x, deterministic, return_weights)
       all_weights.append(weights)
     x = nn.LayerNorm(dtype=self.dtype, name="encoder_norm")(x)
@@ -239,6 +255,8 @@ class VisionTransformer(nn.Module):
   resnet_width_factor: float = 1.0
   dropout: float = 0.0
   attention_dropout: float = 0.0
+  # Stochastic depth: the rate rises linearly to this at the last block (0: off).
+  stochastic_depth: float = 0.0
   head_bias_init: float = 0.0
   remat: bool = False
   dtype: Any = jnp.float32
@@ -280,6 +298,8 @@ class VisionTransformer(nn.Module):
       raise ValueError(f"classifier={self.classifier!r}, expected one of {CLASSIFIERS}.")
     if self.posemb not in POSEMBS:
       raise ValueError(f"posemb={self.posemb!r}, expected one of {POSEMBS}.")
+    if not 0 <= self.stochastic_depth < 1:
+      raise ValueError(f"stochastic_depth={self.stochastic_depth!r}, expected a rate in [0, 1).")
     self._check_inputs(images)
     x = images.astype(self.dtype)
     if self.resnet_layers is not None:
@@ -303,6 +323,7 @@ class VisionTransformer(nn.Module):
         self.num_layers, self.mlp_dim, self.num_heads, self.dropout,
         self.attention_dropout, learned_posemb=self.posemb == "learn",
         remat=self.remat, dtype=self.dtype, attention_impl=self.attention_impl,
+        stochastic_depth=self.stochastic_depth,
         name="Transformer")(x, not train, return_attention)
 
     x = self._pool(encoded)

@@ -11,8 +11,8 @@ DTYPES = ("float32", "bfloat16")
 MODEL_FIELDS = dict(
     patch_size=int, hidden_size=int, mlp_dim=int, num_heads=int, num_layers=int,
     representation_size=int, classifier=str, posemb=str, resnet_layers=tuple,
-    resnet_width_factor=float, dropout=float, attention_dropout=float, head_bias_init=float,
-    remat=bool, attention_impl=str)
+    resnet_width_factor=float, dropout=float, attention_dropout=float, stochastic_depth=float,
+    head_bias_init=float, remat=bool, attention_impl=str)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -37,6 +37,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.optimizer = optimizers.default_config()
   c.loss = "softmax_xent"
+  c.label_smoothing = 0.0  # Targets become (1 - a) * targets + a / num_classes.
 
   # Few-shot linear probes run with the evaluation (off while `datasets` is empty).
   c.fewshot = ml_collections.ConfigDict(dict(
@@ -68,6 +69,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
       check_known(f"{group}.{key}", c[group][key], known[group].keys())
   check(c.dtype in DTYPES, "dtype", c.dtype, f"expected one of {DTYPES}")
   check(c.loss in losses.LOSSES, "loss", c.loss, f"expected one of {losses.LOSSES}")
+  check(0 <= c.label_smoothing < 1, "label_smoothing", c.label_smoothing,
+        "must be in [0, 1) (0: off)")
+  check(c.model.stochastic_depth is None or 0 <= c.model.stochastic_depth < 1,
+        "model.stochastic_depth", c.model.stochastic_depth, "must be in [0, 1) (0: off)")
   o = c.optimizer
   check(o.name in optimizers.OPTIMIZERS, "optimizer.name", o.name,
         f"expected one of {optimizers.OPTIMIZERS}")

@@ -58,7 +58,7 @@ def run_meta(c: ml_collections.ConfigDict, num_classes: int) -> dict[str, Any]:
   """What a checkpoint must agree with to be resumed."""
   fields = models.model_config(c.model_name, **_model_overrides(c))
   fields = {k: v for k, v in fields.items() if k not in ("dropout", "attention_dropout", "remat",
-                                                         "attention_impl")}
+                                                         "attention_impl", "stochastic_depth")}
   return {"model_name": c.model_name, "num_classes": num_classes,
           "model": json.loads(json.dumps(fields, default=list))}
 
@@ -217,7 +217,7 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir: str) -> dict[str, 
     if start == 0:
       writer.write_hparams({k: str(v) for k, v in c.to_dict().items()})
     train_step = trainer.make_train_step(job.model, job.tx, c.loss, shardings, job.mesh,
-                                         dropout_rng)
+                                         dropout_rng, c.label_smoothing)
     batches = data.train_iterator(c.data, global_batch_size=job.micro_batch,
                                   sharding=job.batch_sharding, seed=c.seed, start_step=start)
     evaluators = _build_evaluators(job)

@@ -39,7 +39,8 @@ def init_state(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh,
 
 
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation, loss_name: str,
-                    state_shardings: TrainState, mesh: Mesh, rng: jax.Array) -> Callable:
+                    state_shardings: TrainState, mesh: Mesh, rng: jax.Array,
+                    label_smoothing: float = 0.0) -> Callable:
   """`(state, batch) -> (state, metrics)`, jit-compiled, the state donated.
 
   metrics: the batch's `loss` and the gradients' global norm, `grad_norm`.
@@ -51,7 +52,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, loss_nam
     def compute_loss(params):
       logits = model.apply({"params": params}, batch["image"], train=True,
                            rngs={"dropout": dropout_rng})
-      return losses.mean_loss(loss_name, logits, batch["label"])
+      return losses.mean_loss(loss_name, logits, batch["label"], label_smoothing)
 
     loss, grads = jax.value_and_grad(compute_loss)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
