@@ -98,7 +98,8 @@ def parser() -> argparse.ArgumentParser:
                       help=f"index.csv and .npz files (default: $VIT_JAX_AUGREG_DIR or "
                       f"{augreg.DEFAULT_ZOO_DIR}); a local folder works too")
   common.add_argument("--cache_dir", default=None,
-                      help="local cache (default: $VIT_JAX_CACHE/augreg or ~/.cache/vit_jax/augreg)")
+                      help="the local cache (default: $VIT_JAX_CACHE/augreg or "
+                      "~/.cache/vit_jax/augreg)")
   p = argparse.ArgumentParser(prog="python -m vit_jax.zoo", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = p.add_subparsers(dest="command", required=True)
