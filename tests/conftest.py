@@ -31,3 +31,20 @@ def shared_data():
   if not (SHARED_DATA / "mnist").is_dir():
     pytest.skip(f"{SHARED_DATA} is missing (only the project's own machines have it)")
   return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def digits_folder(tmp_path_factory) -> str:
+  """scikit-learn's 1,797 real 8x8 handwritten digits as an image folder: ROOT/<split>/<class>/
+  *.png, 1,500 in `train` and 297 in `test`, pixels scaled from 0-16 to 0-255."""
+  import numpy as np
+  from PIL import Image
+  from sklearn.datasets import load_digits
+  digits = load_digits()
+  root = tmp_path_factory.mktemp("digits")
+  for i, (image, label) in enumerate(zip(digits.images, digits.target)):
+    split = "train" if i < 1500 else "test"
+    folder = root / split / str(label)
+    folder.mkdir(parents=True, exist_ok=True)
+    Image.fromarray((image * 255 / 16).round().astype(np.uint8)).save(folder / f"{i:04d}.png")
+  return str(root)

@@ -1,6 +1,7 @@
 """One way from any checkpoint path to arrays, and to a model with its params.
 
-A path is a released-layout .npz (any of the layouts `npz` reads), a training run's
+A path is a released-layout .npz (any of the layouts `npz` reads, local or gs://), an
+AugReg name (`augreg:S_16`, `augreg:FILENAME`, fetched into the cache), a training run's
 workdir (its latest step) or one of its step directories. The architecture comes from
 the run's metadata, from a model name (checked against the arrays), or from the arrays'
 shapes; the head, pre-logits, pooling and position embedding always come from the file.
@@ -16,7 +17,7 @@ import numpy as np
 from etils import epath
 
 from vit_jax import models
-from vit_jax.checkpoint import npz, run
+from vit_jax.checkpoint import augreg, npz, run
 
 DEFAULT_IMAGE_SIZE = 224  # For models without a learned position embedding to read it from.
 
@@ -47,6 +48,8 @@ class Loaded:
 
 def read(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any] | None, str]:
   """(flat original-layout arrays, run metadata or None, the file or step dir read)."""
+  if augreg.is_spec(path):
+    path = augreg.resolve(path).path
   p = epath.Path(path)
   if not p.exists():
     raise FileNotFoundError(f"No checkpoint at {path}.")

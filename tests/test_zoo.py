@@ -1,0 +1,284 @@
+"""The AugReg zoo by name: index, list, fetch into the cache, `augreg:` specs, offline
+errors, and a fine-tune / few-shot start from `augreg:Ti_16`, on a local folder laid
+out like gs://vit_models/augreg."""
+import csv
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import tiny_config
+from vit_jax import checkpoint, fewshot, models, zoo
+from vit_jax.checkpoint import augreg
+from vit_jax.train import loop
+
+# The bucket's header (the published columns, with `epochs` after `ds`).
+HEADER = ["name", "ds", "epochs", "lr", "aug", "wd", "do", "sd", "best_val", "final_val",
+          "final_test", "adapt_ds", "adapt_lr", "adapt_steps", "adapt_resolution",
+          "adapt_final_val", "adapt_final_test", "params", "infer_samples_per_sec",
+          "filename", "adapt_filename"]
+# Real filenames (the official README and Colab, timm's configs); the numbers are made up
+# except where the Colab prints them (adapt_final_test of the recommended ImageNet
+# adaptations, infer_samples_per_sec).
+TI = "Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0"        # Recommended.
+TI_LIGHT = "Ti_16-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0"
+TI_I1K = "Ti_16-i1k-300ep-lr_0.001-aug_light0-wd_0.1-do_0.0-sd_0.0"
+R_TI = "R_Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0"
+R26 = "R26_S_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0"
+S16 = "S_16-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0"
+IMNET_384 = "--imagenet2012-steps_20k-lr_0.03-res_384"
+ROWS = [
+    # name, ds, epochs, lr, aug, wd, do, sd, best_val, final_val, final_test,
+    # adapt_ds, adapt_lr, adapt_steps, adapt_resolution, adapt_final_val, adapt_final_test,
+    # params, infer_samples_per_sec, filename, adapt_filename
+    ["Ti/16", "i21k", 300, 0.001, "none", 0.03, 0.0, 0.0, 0.3712, 0.3702, 0.3671,
+     "imagenet2012", 0.03, 20000, 384, 0.7891, 0.7822, 5717416, 609.58, TI, TI + IMNET_384],
+    ["Ti/16", "i21k", 300, 0.001, "none", 0.03, 0.0, 0.0, 0.3712, 0.3702, 0.3671,
+     "imagenet2012", 0.03, 20000, 224, 0.7541, 0.7510, 5717416, "",
+     TI, TI + "--imagenet2012-steps_20k-lr_0.03-res_224"],
+    ["Ti/16", "i21k", 300, 0.001, "light1", 0.1, 0.0, 0.0, 0.3601, 0.3598, 0.3560,
+     "cifar100", 0.01, 10000, 224, 0.8702, 0.8655, 5717416, "",
+     TI_LIGHT, TI_LIGHT + "--cifar100-steps_10k-lr_0.01-res_224"],
+    # Higher final_val than any i21k row (another label space): must not be chosen.
+    ["Ti/16", "i1k", 300, 0.001, "light0", 0.1, 0.0, 0.0, 0.7301, 0.7288, 0.7102,
+     "imagenet2012", 0.01, 20000, 224, 0.7321, 0.7299, 5717416, "",
+     TI_I1K, TI_I1K + "--imagenet2012-steps_20k-lr_0.01-res_224"],
+    ["R+Ti/16", "i21k", 300, 0.001, "none", 0.03, 0.0, 0.0, 0.3530, 0.3521, 0.3499,
+     "imagenet2012", 0.03, 20000, 384, 0.7602, 0.7540, 6337704, 2425.77, R_TI, R_TI + IMNET_384],
+    ["R26+S/32", "i21k", 300, 0.001, "light1", 0.1, 0.0, 0.0, 0.4391, 0.4385, 0.4350,
+     "oxford_iiit_pet", 0.03, 500, 384, 0.953804, 0.941128, 36431912, 560.40,
+     R26, R26 + "--oxford_iiit_pet-steps_0k-lr_0.03-res_384"],
+    ["S/16", "i21k", 300, 0.001, "light1", 0.03, 0.0, 0.0, 0.4502, 0.4497, 0.4468,
+     "imagenet2012", 0.03, 20000, 384, 0.8401, 0.83728, 22050664, 300.12, S16, S16 + IMNET_384],
+]
+TINY = dict(hidden_size=16, mlp_dim=32, num_heads=2, num_layers=2)
+CLASSES = {"i21k": 21843, "imagenet2012": 1000, "cifar100": 100, "oxford_iiit_pet": 37}
+
+
+def write_checkpoint(path, filename: str) -> None:
+  """A small .npz with the real key layout, class count and position-embedding grid."""
+  adapted = "--" in filename
+  ds = filename.split("--")[1].split("-")[0] if adapted else "i21k"
+  model = models.create_model(augreg.registry_name(filename.split("-")[0]),
+                              num_classes=CLASSES[ds], **TINY)
+  size = augreg.image_size(filename)
+  shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, size, size, 3)))["params"]
+  rng = np.random.default_rng(len(filename))
+  params = jax.tree.map(lambda s: rng.normal(0, 0.02, s.shape).astype(np.float32), shapes)
+  checkpoint.save_npz(str(path / f"{filename}.npz"), params)
+
+
+@pytest.fixture(scope="module")
+def zoo_dir(tmp_path_factory):
+  root = tmp_path_factory.mktemp("augreg")
+  with open(root / "index.csv", "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(HEADER)
+    writer.writerows(ROWS)
+  for filename in (TI, TI + IMNET_384, R_TI):
+    write_checkpoint(root, filename)
+  return str(root)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+  monkeypatch.setenv("VIT_JAX_CACHE", str(tmp_path / "cache"))
+  monkeypatch.delenv("VIT_JAX_AUGREG_DIR", raising=False)
+  return str(tmp_path / "cache" / "augreg")
+
+
+def run_zoo(capsys, *argv):
+  rc = zoo.main(list(argv))
+  out, err = capsys.readouterr()
+  return rc, out, err
+
+
+# The index and the names.
+
+def test_index_rows_are_typed(zoo_dir):
+  rows = augreg.read_index(zoo_dir)
+  assert len(rows) == len(ROWS)
+  first = rows[0]
+  assert first["final_val"] == 0.3702 and first["adapt_steps"] == 20000
+  assert first["params"] == 5717416 and first["epochs"] == 300
+  assert rows[1]["infer_samples_per_sec"] is None and first["adapt_filename"] == TI + IMNET_384
+
+
+@pytest.mark.parametrize("name,key,registry", [
+    ("Ti_16", "Ti_16", "ViT-Ti_16"), ("S/16", "S_16", "ViT-S_16"), ("B_8", "B_8", "ViT-B_8"),
+    ("B_32", "B_32", "ViT-B_32"), ("L/16", "L_16", "ViT-L_16"), ("S_32", "S_32", "ViT-S_32"),
+    ("R+Ti/16", "R_Ti_16", "R+ViT-Ti_16"), ("R26_S_32", "R26_S_32", "R26+ViT-S_32"),
+    ("R50+L/32", "R50_L_32", "R50+ViT-L_32"), ("ViT-B_16", "B_16", "ViT-B_16"),
+    ("r26_s32", "R26_S_32", "R26+ViT-S_32")])
+def test_model_names_map_to_the_registry(name, key, registry):
+  assert augreg.model_key(name) == key
+  assert augreg.registry_name(name) == registry
+  assert registry in models.MODEL_CONFIGS
+
+
+def test_image_size_from_the_filename():
+  assert augreg.image_size(TI) == 224
+  assert augreg.image_size(TI + IMNET_384) == 384
+  assert augreg.image_size(TI + "--imagenet2012-steps_20k-lr_0.03-res_224") == 224
+
+
+def test_best_checkpoint_is_the_best_i21k_final_val(zoo_dir):
+  rows = augreg.read_index(zoo_dir)
+  assert augreg.best_checkpoint(rows, "Ti_16")["filename"] == TI
+  with pytest.raises(augreg.ZooError, match="no i21k checkpoint of B_16"):
+    augreg.best_checkpoint(rows, "B_16")
+
+
+# list
+
+def test_list_table_filters_and_sorts(zoo_dir, cache_dir, capsys):
+  rc, out, _ = run_zoo(capsys, "list", "--zoo_dir", zoo_dir, "--model", "Ti_16",
+                       "--ds", "i21k", "--sort", "adapt_final_test")
+  assert rc == 0
+  lines = out.splitlines()
+  assert lines[0].split()[:3] == ["name", "ds", "aug"]
+  assert len(lines) == 4  # Header + the three i21k Ti_16 rows, best adaptation first.
+  assert lines[1].endswith(TI_LIGHT + "--cifar100-steps_10k-lr_0.01-res_224")
+  assert lines[3].endswith(TI + "--imagenet2012-steps_20k-lr_0.03-res_224")
+
+  rc, out, _ = run_zoo(capsys, "list", "--zoo_dir", zoo_dir, "--adapt_ds", "imagenet2012",
+                       "--adapt_resolution", "384", "--wd", "0.03", "--sort", "params",
+                       "--ascending", "--columns", "name,adapt_filename")
+  assert [line.split()[0] for line in out.splitlines()] == ["name", "Ti/16", "R+Ti/16", "S/16"]
+
+
+def test_list_upstream_csv_and_json(zoo_dir, cache_dir, capsys):
+  rc, out, _ = run_zoo(capsys, "list", "--zoo_dir", zoo_dir, "--upstream", "--format", "csv",
+                       "--sort", "final_val")
+  rows = list(csv.DictReader(out.splitlines()))
+  assert rc == 0 and [r["filename"] for r in rows] == [TI_I1K, S16, R26, TI, TI_LIGHT, R_TI]
+  assert "adapt_ds" not in rows[0] and rows[0]["params"] == "5717416"
+
+  rc, out, _ = run_zoo(capsys, "list", "--zoo_dir", zoo_dir, "--format", "json",
+                       "--aug", "light1", "--limit", "2")
+  data = json.loads(out)
+  assert len(data) == 2 and data[0]["adapt_steps"] == 10000
+  assert set(data[0]) == set(HEADER)
+
+
+def test_list_errors_name_the_fix(zoo_dir, cache_dir, capsys):
+  rc, _, err = run_zoo(capsys, "list", "--zoo_dir", zoo_dir, "--model", "S16x")
+  assert rc == 1 and "Unknown AugReg model 'S16x'. Did you mean S_16" in err
+  rc, _, err = run_zoo(capsys, "list", "--zoo_dir", zoo_dir, "--wd", "heavy")
+  assert rc == 1 and "wd is a number column" in err
+  rc, _, err = run_zoo(capsys, "list", "--zoo_dir", zoo_dir, "--sort", "accuracy")
+  assert rc == 1 and "Cannot sort by ['accuracy']" in err
+
+
+# fetch and resolve
+
+def test_fetch_copies_once_with_progress(zoo_dir, cache_dir, capsys, monkeypatch):
+  rc, out, err = run_zoo(capsys, "fetch", "--zoo_dir", zoo_dir, TI + ".npz")
+  cached = os.path.join(cache_dir, TI + ".npz")
+  assert rc == 0 and out.split("\t") == [cached, "ViT-Ti_16", "224px\n"]
+  assert "100%" in err and TI in err  # tqdm's bar, named after the file.
+  assert open(cached, "rb").read() == open(os.path.join(zoo_dir, TI + ".npz"), "rb").read()
+  assert [f for f in os.listdir(cache_dir)] == [TI + ".npz"]  # No temporary file left.
+
+  copies = []
+  monkeypatch.setattr(augreg, "copy_to_cache", lambda *a, **k: copies.append(a))
+  rc, out, _ = run_zoo(capsys, "fetch", "--zoo_dir", zoo_dir, TI)
+  assert rc == 0 and out.startswith(cached) and copies == []
+
+
+def test_resolve_model_name_picks_the_recommended_checkpoint(zoo_dir, cache_dir):
+  r = augreg.resolve("augreg:Ti_16", zoo_dir=zoo_dir, progress=False)
+  assert (r.filename, r.model, r.model_name, r.image_size, r.adapt_ds) == (
+      TI, "Ti_16", "ViT-Ti_16", 224, None)
+  assert r.path == os.path.join(cache_dir, TI + ".npz") and os.path.isfile(r.path)
+  assert r.row["final_val"] == 0.3702 and "adapt_ds" not in r.row
+
+  hybrid = augreg.resolve(f"augreg:{R_TI}", zoo_dir=zoo_dir, progress=False)
+  assert (hybrid.model_name, hybrid.image_size) == ("R+ViT-Ti_16", 224)
+
+
+def test_resolve_adapted_filename_gives_its_resolution(zoo_dir, cache_dir):
+  r = augreg.resolve(f"augreg:{TI}{IMNET_384}.npz", zoo_dir=zoo_dir, progress=False)
+  assert (r.model_name, r.image_size, r.adapt_ds) == ("ViT-Ti_16", 384, "imagenet2012")
+  assert r.row["adapt_resolution"] == 384
+  flat = checkpoint.load_npz_flat(r.path)
+  assert flat[checkpoint.POSEMB_KEY].shape == (1, 24 * 24 + 1, TINY["hidden_size"])
+  assert flat["head/kernel"].shape == (TINY["hidden_size"], 1000)
+
+
+def test_cached_file_resolves_without_the_zoo(zoo_dir, cache_dir):
+  augreg.resolve(f"augreg:{TI}", zoo_dir=zoo_dir, progress=False)
+  r = augreg.resolve(f"augreg:{TI}", zoo_dir="/nonexistent/augreg", progress=False)
+  assert r.path == os.path.join(cache_dir, TI + ".npz") and r.row is None
+
+
+def test_misspelled_filename_lists_close_names(zoo_dir, cache_dir):
+  typo = TI.replace("wd_0.03", "wd_0.3")
+  with pytest.raises(augreg.ZooError, match="is not in the AugReg index. Close names") as e:
+    augreg.resolve(f"augreg:{typo}", zoo_dir=zoo_dir, progress=False)
+  assert TI in str(e.value)
+  with pytest.raises(augreg.ZooError, match="Did you mean R26_S_32"):
+    augreg.resolve("augreg:R_26_S_32", zoo_dir=zoo_dir)
+
+
+def test_unreachable_zoo_names_the_url_and_the_fix(tmp_path, cache_dir, capsys):
+  missing = str(tmp_path / "offline")
+  os.makedirs(missing)
+  rc, _, err = run_zoo(capsys, "fetch", "--zoo_dir", missing, TI)
+  dest = os.path.join(cache_dir, TI + ".npz")
+  assert rc == 1
+  assert f"Cannot read {missing}/{TI}.npz" in err
+  assert f"cp {missing}/{TI}.npz {dest}" in err
+  assert f"python -m vit_jax.zoo fetch {TI} --cache_dir {cache_dir} --zoo_dir DIR" in err
+  assert not os.path.exists(cache_dir) or os.listdir(cache_dir) == []
+
+  rc, _, err = run_zoo(capsys, "list", "--zoo_dir", missing)
+  assert rc == 1 and f"No index.csv in {missing}" in err
+
+
+def test_unreachable_bucket_names_the_url_and_the_fix(cache_dir, monkeypatch):
+  """The default gs:// zoo, offline (as on this machine): epath fails to connect."""
+  def offline(url):
+    raise OSError("Could not resolve host: www.googleapis.com")
+  monkeypatch.setattr(augreg.epath, "Path", offline)
+  index = f"{augreg.DEFAULT_ZOO_DIR}/index.csv"
+  with pytest.raises(augreg.ZooError) as e:
+    augreg.resolve("augreg:S_16")
+  assert str(e.value).startswith(f"Cannot read {index} (OSError: Could not resolve host")
+  assert f"gsutil cp {index} {cache_dir}/index.csv" in str(e.value)
+  assert "https://storage.googleapis.com/vit_models/augreg/index.csv" in str(e.value)
+  assert "augreg:FILENAME" in str(e.value)
+
+  npz = f"{augreg.DEFAULT_ZOO_DIR}/{TI}.npz"
+  with pytest.raises(augreg.ZooError) as e:
+    augreg.resolve(f"augreg:{TI}")
+  assert str(e.value).startswith(f"Cannot read {npz} (OSError")
+  assert f"gsutil cp {npz} {cache_dir}/{TI}.npz" in str(e.value)
+  assert f"curl -fLo {cache_dir}/{TI}.npz https://storage.googleapis.com/vit_models/augreg/" in (
+      str(e.value))
+  assert os.listdir(cache_dir) == []  # No partial file.
+  assert augreg.is_spec(f"augreg:{TI}") and not augreg.is_spec(f"{TI}.npz")
+
+
+# Starting work from `augreg:`: fine-tune a few steps, few-shot sweep, through the entry points.
+
+def test_finetune_and_fewshot_from_augreg(zoo_dir, tmp_path, monkeypatch, digits_folder):
+  monkeypatch.setenv("VIT_JAX_AUGREG_DIR", zoo_dir)
+  monkeypatch.setenv("VIT_JAX_CACHE", str(tmp_path / "cache"))
+  c = tiny_config((digits_folder, None), total_steps=4, checkpoint_every_steps=4,
+                  pretrained="augreg:Ti_16", **{f"model.{k}": v for k, v in TINY.items()},
+                  **{"model.patch_size": 16, "data.image_size": 32, "data.eval_split": "test"})
+  metrics = loop.train_and_evaluate(c, str(tmp_path / "ft"))
+  assert metrics["num_examples"] == 297  # The digits' test split, every example once.
+  cached = tmp_path / "cache" / "augreg" / f"{TI}.npz"
+  assert cached.is_file()  # Fetched once; the sweep below reads the cache.
+  out_dir = tmp_path / "sweep"
+  code = fewshot.main(["augreg:Ti_16", str(tmp_path / "ft"), f"--datasets={digits_folder}",
+                       "--image_size=32", "--shots=1,5", "--seeds=2", f"--out_dir={out_dir}"])
+  assert code == 0
+  rows = list(csv.DictReader(open(out_dir / "fewshot.csv")))
+  assert {r["checkpoint"] for r in rows} == {"augreg:Ti_16", str(tmp_path / "ft")}
+  assert all(0.0 <= float(r["mean"]) <= 1.0 for r in rows) and len(rows) == 4
