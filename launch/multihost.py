@@ -105,7 +105,7 @@ def _stream(prefix: str, pipe) -> None:
 
 def run_processes(commands: Sequence[Sequence[str]]) -> int:
   """Starts all commands at once and prefixes their output with [i]; when one fails,
-  stops the others. Returns the first non-zero exit code, or 0."""
+  stops the others. Returns the exit code of the first to fail (128 + N for signal N), or 0."""
   procs, threads = [], []
   for i, cmd in enumerate(commands):
     print(f"[launch] process {i}: {shlex.join(cmd)}", flush=True)
@@ -115,6 +115,7 @@ def run_processes(commands: Sequence[Sequence[str]]) -> int:
     threads.append(threading.Thread(target=_stream, args=(f"[{i}] ", p.stdout), daemon=True))
     threads[-1].start()
   codes: dict[int, int] = {}
+  first_failure = 0  # In the order the processes ended: those stopped after it do not count.
   try:
     while len(codes) < len(procs):
       for i, p in enumerate(procs):
@@ -123,15 +124,15 @@ def run_processes(commands: Sequence[Sequence[str]]) -> int:
         codes[i] = p.returncode
         threads[i].join()
         print(f"[launch] process {i} exited with code {p.returncode}", flush=True)
-        if p.returncode:
+        if p.returncode and not first_failure:
+          first_failure = p.returncode
           _stop(other for j, other in enumerate(procs) if j not in codes)
       if len(codes) < len(procs):
         threading.Event().wait(0.2)
   except KeyboardInterrupt:
     _stop(procs)
     raise
-  failed = [c for i, c in sorted(codes.items()) if c]
-  return failed[0] if failed else 0
+  return first_failure if first_failure >= 0 else 128 - first_failure  # Killed: as shells do.
 
 
 def _stop(procs) -> None:

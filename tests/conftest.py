@@ -1,7 +1,9 @@
 """Test set-up: 8 simulated CPU devices, set before jax is first imported; shared fixtures."""
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# 8 devices on 2 cores: give a collective longer than XLA's 40 s to gather them on a busy machine.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
+                      "--xla_cpu_collective_call_terminate_timeout_seconds=600")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
@@ -9,28 +11,20 @@ import pytest  # noqa: E402
 # torch (for timm's cross-checks) must load before TensorFlow: the other order crashes the
 # process in triton's import, so whichever test module comes first.
 import timm_reference  # noqa: E402,F401
-from helpers import DEBIAN_FASHION_MNIST, SHARED_DATA  # noqa: E402
+from helpers import DEBIAN_FASHION_MNIST  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def dataset(tmp_path_factory):
-  """(name, data_dir) of a real dataset: MNIST from ../shared/data, else Fashion-MNIST."""
-  if (SHARED_DATA / "mnist").is_dir():
-    return "mnist", str(SHARED_DATA)
-  if os.path.isdir(DEBIAN_FASHION_MNIST):
-    from vit_jax import data
-    data_dir = str(tmp_path_factory.mktemp("tfds"))
-    data.prepare_fashion_mnist(data_dir)
-    return "fashion_mnist", data_dir
-  pytest.skip("no real dataset: ../shared/data is missing and dataset-fashion-mnist is not installed")
-
-
-@pytest.fixture
-def shared_data():
-  """../shared/data (TFDS-format MNIST); a user's clone lacks it, so skip then."""
-  if not (SHARED_DATA / "mnist").is_dir():
-    pytest.skip(f"{SHARED_DATA} is missing (only the project's own machines have it)")
-  return SHARED_DATA
+def dataset(tmp_path_factory) -> tuple[str, str]:
+  """(name, data_dir) of Fashion-MNIST, built by TFDS's own builder from Debian's files,
+  which the README's set-up installs: the same real data on every machine."""
+  if not os.path.isdir(DEBIAN_FASHION_MNIST):
+    pytest.fail(f"{DEBIAN_FASHION_MNIST} is missing: `sudo apt-get install "
+                "dataset-fashion-mnist` (the README's set-up) gives the tests their real data.")
+  from vit_jax import data
+  data_dir = str(tmp_path_factory.mktemp("tfds"))
+  data.prepare_fashion_mnist(data_dir)
+  return "fashion_mnist", data_dir
 
 
 @pytest.fixture(scope="session")

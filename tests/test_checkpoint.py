@@ -187,6 +187,16 @@ def test_refuses_non_npz_and_pickles(tmp_path):
     checkpoint.load_npz(tmp_path / "p.npz")
   with pytest.raises(checkpoint.CheckpointError, match="is a directory"):
     checkpoint.load_npz(tmp_path)
+  np.savez(tmp_path / "whole.npz", a=np.zeros((64, 64), np.float32))
+  data = (tmp_path / "whole.npz").read_bytes()
+  (tmp_path / "cut.npz").write_bytes(data[:len(data) // 2])
+  with pytest.raises(checkpoint.CheckpointError, match=r"cut\.npz is damaged .*copy it again"):
+    checkpoint.load_npz(tmp_path / "cut.npz")
+  import zipfile
+  with zipfile.ZipFile(tmp_path / "empty.npz", "w") as z:
+    z.writestr("notes.txt", "no arrays here")
+  with pytest.raises(checkpoint.CheckpointError, match=r"empty\.npz is a zip file holding no arrays"):
+    checkpoint.load_npz(tmp_path / "empty.npz")
 
 
 @pytest.mark.slow

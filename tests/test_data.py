@@ -18,10 +18,10 @@ from vit_jax.data import preprocess as pp
 BATCH = 64
 
 
-def _mnist_config(shared_data, **overrides):
+def _real_config(dataset, **overrides):
+  """`dataset` (Fashion-MNIST, the conftest fixture) with small splits."""
   cfg = data.get_data_config()
-  cfg.name = "mnist"
-  cfg.data_dir = str(shared_data)
+  cfg.name, cfg.data_dir = dataset
   cfg.train_split = "train[:1000]"  # A 1,000-example epoch: ~16 steps.
   cfg.eval_split = "test[:1001]"  # Not a multiple of BATCH.
   cfg.shuffle_buffer = 1000
@@ -226,10 +226,10 @@ def test_fashion_mnist_without_files_or_network(tmp_path, monkeypatch):
     {"cache": False},  # Streamed from disk through a shuffle buffer.
     {"randaug_layers": 2, "randaug_magnitude": 15.0},
 ], ids=["in_memory", "inception_mixup", "streamed", "randaug"])
-def test_train_is_deterministic_and_resumable(shared_data, overrides):
-  cfg = _mnist_config(shared_data, **overrides)
+def test_train_is_deterministic_and_resumable(dataset, overrides):
+  cfg = _real_config(dataset, **overrides)
   run = _take(_train(cfg, seed=1), 20)  # Crosses the first epoch boundary.
-  again = _take(_train(_mnist_config(shared_data, threads=4, **overrides), seed=1), 20)
+  again = _take(_train(_real_config(dataset, threads=4, **overrides), seed=1), 20)
   resumed = _take(_train(cfg, seed=1, start_step=14), 6)
   other_seed = _take(_train(cfg, seed=2), 1)
   for a, b in zip(run, again):
@@ -248,12 +248,12 @@ def test_train_is_deterministic_and_resumable(shared_data, overrides):
     assert run[0]["label"].dtype == np.int32
 
 
-def test_train_epoch_is_a_permutation(shared_data):
-  cfg = _mnist_config(shared_data, train_split="train[:640]", train_crop="resize",
+def test_train_epoch_is_a_permutation(dataset):
+  cfg = _real_config(dataset, train_split="train[:640]", train_crop="resize",
                       flip=False)
   epoch = _take(_train(cfg), 10)
   seen = collections.Counter(_digest(i) for b in epoch for i in b["image"])
-  raw = tfds.load("mnist", data_dir=str(shared_data), split="train[:640]",
+  raw = tfds.load("mnist", data_dir=str(dataset), split="train[:640]",
                   as_supervised=True, download=False)
   expected = collections.Counter(
       hashlib.sha1(image[..., 0].tobytes()).hexdigest()
@@ -261,9 +261,9 @@ def test_train_epoch_is_a_permutation(shared_data):
   assert seen == expected
 
 
-def test_train_iterator_gives_global_arrays(shared_data):
+def test_train_iterator_gives_global_arrays(dataset):
   sharding = _sharding()
-  it = data.train_iterator(_mnist_config(shared_data), global_batch_size=BATCH,
+  it = data.train_iterator(_real_config(dataset), global_batch_size=BATCH,
                            sharding=sharding, seed=0)
   batch = next(it)
   assert isinstance(batch["image"], jax.Array)
@@ -271,21 +271,21 @@ def test_train_iterator_gives_global_arrays(shared_data):
   assert batch["image"].sharding == sharding
   assert len(batch["label"].addressable_shards) == jax.device_count()
   with pytest.raises(ValueError, match="global_batch_size=60"):
-    data.train_iterator(_mnist_config(shared_data), global_batch_size=60,
+    data.train_iterator(_real_config(dataset), global_batch_size=60,
                         sharding=sharding, seed=0)
 
 
 # --- eval iterator ------------------------------------------------------
 
 
-def test_eval_covers_every_example_once(shared_data):
-  cfg = _mnist_config(shared_data)
+def test_eval_covers_every_example_once(dataset):
+  cfg = _real_config(dataset)
   batches = [jax.tree.map(np.asarray, b) for b in data.eval_iterator(
       cfg, global_batch_size=BATCH, sharding=_sharding())]
   assert len(batches) == -(-1001 // BATCH)
   masks = np.concatenate([b["mask"] for b in batches])
   np.testing.assert_array_equal(masks, np.arange(len(masks)) < 1001)
-  raw = tfds.load("mnist", data_dir=str(shared_data), split="test[:1001]",
+  raw = tfds.load("mnist", data_dir=str(dataset), split="test[:1001]",
                   as_supervised=True, download=False)
   expected = collections.Counter(
       (hashlib.sha1(image[..., 0].tobytes()).hexdigest(), int(label))
@@ -297,8 +297,8 @@ def test_eval_covers_every_example_once(shared_data):
 
 
 @pytest.mark.parametrize("cache", [True, False])
-def test_two_processes_partition_the_eval_split(shared_data, cache):
-  cfg = _mnist_config(shared_data, cache=cache)
+def test_two_processes_partition_the_eval_split(dataset, cache):
+  cfg = _real_config(dataset, cache=cache)
   per_process = []
   for index in range(2):
     ds, num_batches = pipeline._eval_dataset(
@@ -313,16 +313,16 @@ def test_two_processes_partition_the_eval_split(shared_data, cache):
       collections.Counter(_real_examples(_take(whole, 1000))))
 
 
-def test_two_processes_train_on_disjoint_shards(shared_data):
-  cfg = _mnist_config(shared_data, train_split="train[:256]", train_crop="resize",
+def test_two_processes_train_on_disjoint_shards(dataset):
+  cfg = _real_config(dataset, train_split="train[:256]", train_crop="resize",
                       flip=False)
   shards = [{_digest(i) for b in _take(_train(cfg, process_index=p, process_count=2), 2)
              for i in b["image"]} for p in range(2)]
   assert len(shards[0]) == len(shards[1]) == 128 and not shards[0] & shards[1]
 
 
-def test_dataset_info(shared_data):
-  info = data.dataset_info(_mnist_config(shared_data, train_split="train"))
+def test_dataset_info(dataset):
+  info = data.dataset_info(_real_config(dataset, train_split="train"))
   assert (info.num_classes, info.num_train_examples, info.num_eval_examples) == (
       10, 60000, 1001)
 

@@ -79,3 +79,24 @@ def test_nan_features_are_reported():
   x[3, 4] = np.nan
   with pytest.raises(FloatingPointError, match="train representations contain NaN"):
     fewshot_lsr.evaluate_dataset("blobs", (x, y), test, 5, shots=(1,))
+
+
+def test_sweep_reports_in_its_own_flags(tmp_path, capsys):
+  from vit_jax import fewshot
+  code = fewshot.main([str(tmp_path / "none.npz"), "--datasets=cifar11",
+                       f"--out_dir={tmp_path / 'out'}"])
+  assert code == 2
+  err = capsys.readouterr().err
+  assert "--datasets='cifar11' is neither a TFDS dataset" in err and "pass --download" in err
+  assert "data.download" not in err
+
+
+def test_a_sweep_where_every_checkpoint_fails_writes_a_well_formed_report(tmp_path, digits_folder):
+  from vit_jax import fewshot
+  out = tmp_path / "out"
+  code = fewshot.main([str(tmp_path / "missing.npz"), f"--datasets={digits_folder}",
+                       "--image_size=16", f"--out_dir={out}"])
+  assert code == 1
+  report = (out / "fewshot.md").read_text()
+  assert report.startswith("No results: every checkpoint failed.\n\nFailed checkpoints:\n- ")
+  assert "missing.npz: FileNotFoundError: No checkpoint at" in report

@@ -1,12 +1,12 @@
-"""The three workflows end to end on real data: pre-train on MNIST, export .npz,
-fine-tune on Fashion-MNIST at a higher resolution, few-shot sweep over checkpoints."""
+"""The three workflows end to end on real data: pre-train on one half of Fashion-MNIST's
+train split, export .npz, fine-tune on the other half at a higher resolution, few-shot
+sweep over checkpoints."""
 import csv
-import os
 
 import numpy as np
 import pytest
 
-from helpers import DEBIAN_FASHION_MNIST, SHARED_DATA, load_config, read_scalars, tiny_config
+from helpers import load_config, read_scalars, tiny_config
 from vit_jax import checkpoint, export, fewshot
 from vit_jax.train import loop
 
@@ -14,15 +14,14 @@ TINY = dict(patch_size=7, hidden_size=64, mlp_dim=128, num_heads=4, num_layers=2
 
 
 @pytest.fixture(scope="module")
-def pretrained(tmp_path_factory):
-  """A tiny ViT pre-trained on MNIST (../shared/data), exported to .npz."""
-  if not (SHARED_DATA / "mnist").is_dir() or not os.path.isdir(DEBIAN_FASHION_MNIST):
-    pytest.skip("needs MNIST in ../shared/data and dataset-fashion-mnist")
+def pretrained(tmp_path_factory, dataset):
+  """A tiny ViT pre-trained on the first half of Fashion-MNIST's train split, exported."""
   workdir = tmp_path_factory.mktemp("pretrain")
-  c = tiny_config(("mnist", str(SHARED_DATA)), total_steps=400, batch_size=64,
-                             **{"data.eval_split": "test[:500]", "model.representation_size": 64,
-                                **{f"model.{k}": v for k, v in TINY.items()},
-                                "checkpoint_every_steps": 400, "log_every_steps": 50})
+  c = tiny_config(dataset, total_steps=400, batch_size=64,
+                  **{"data.train_split": "train[:30000]", "data.eval_split": "test[:500]",
+                     "model.representation_size": 64,
+                     **{f"model.{k}": v for k, v in TINY.items()},
+                     "checkpoint_every_steps": 400, "log_every_steps": 50})
   metrics = loop.train_and_evaluate(c, str(workdir))
   assert metrics["accuracy"] > 0.7
   npz = str(workdir / "pretrained.npz")
@@ -34,8 +33,8 @@ def pretrained(tmp_path_factory):
 def finetune_config(data_dir, pretrained=None):
   c = load_config("configs/finetune.py:ti16,fashion_mnist")
   c.model.update(**TINY)
-  c.data.update(data_dir=data_dir, image_size=42, train_crop="resize", flip=False,
-                eval_split="test[:1000]")
+  c.data.update(data_dir=data_dir, train_split="train[30000:]", image_size=42,
+                train_crop="resize", flip=False, eval_split="test[:1000]")
   c.batch_size = 64
   c.total_steps = 150
   c.warmup_steps = 20
@@ -46,11 +45,9 @@ def finetune_config(data_dir, pretrained=None):
 
 
 @pytest.mark.slow
-def test_finetuning_beats_scratch_and_fewshot_rises_with_shots(tmp_path, pretrained):
+def test_finetuning_beats_scratch_and_fewshot_rises_with_shots(tmp_path, pretrained, dataset):
   workdir, npz = pretrained
-  from vit_jax import data
-  data_dir = str(tmp_path / "tfds")
-  data.prepare_fashion_mnist(data_dir)
+  data_dir = dataset[1]
 
   # The exported .npz loads back exactly.
   flat, _ = checkpoint.read_params(checkpoint.latest_step_dir(workdir))

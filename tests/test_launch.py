@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, SHARED_DATA
+from helpers import REPO
 from launch import tpu_vm
 
 TINY_CONFIG = str(REPO / "tests" / "tiny_config.py")
@@ -197,18 +197,26 @@ def test_a_failing_process_fails_the_launch(tmp_path):
   result = launch("multihost.py", "hosts", "--hosts", "localhost,localhost", "--config",
                   TINY_CONFIG, "--workdir", str(tmp_path), "--env", "JAX_PLATFORMS=cpu", "--",
                   "--config.batch_sise=3", timeout=300)
-  assert result.returncode == 1
+  assert result.returncode == 2  # A config error's status, from the first process to fail.
   # The first to fail is reported; the other either fails too or is stopped (SIGTERM).
   exits = re.findall(r"\[launch\] process (\d) exited with code (-?\d+)", result.stdout)
-  assert sorted(i for i, _ in exits) == ["0", "1"] and exits[0][1] == "1"
-  assert {code for _, code in exits} <= {"1", "-15"}
+  assert sorted(i for i, _ in exits) == ["0", "1"] and exits[0][1] == "2"
+  assert {code for _, code in exits} <= {"2", "-15"}
   assert "batch_sise" in result.stdout
 
 
+def test_the_first_failure_is_the_exit_status_whatever_the_order():
+  """Process 1 fails first; process 0, stopped by the launch (SIGTERM), does not count."""
+  from launch import multihost
+  sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+  failing = [sys.executable, "-c", "import sys, time; time.sleep(0.5); sys.exit(3)"]
+  assert multihost.run_processes([sleeper, failing]) == 3
+  killed = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
+  assert multihost.run_processes([sleeper, killed]) == 128 + 9
+
+
 @pytest.mark.slow
-def test_two_local_processes_train_to_the_end(tmp_path):
-  if not (SHARED_DATA / "mnist").is_dir():
-    pytest.skip(f"{SHARED_DATA} is missing (only the project's own machines have it)")
+def test_two_local_processes_train_to_the_end(tmp_path, dataset):
   import socket
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -217,7 +225,7 @@ def test_two_local_processes_train_to_the_end(tmp_path):
       "multihost.py", "hosts", "--hosts", "localhost,localhost", "--port", str(port),
       "--config", TINY_CONFIG, "--workdir", str(tmp_path), "--env", "JAX_PLATFORMS=cpu",
       "--env", "XLA_FLAGS=--xla_force_host_platform_device_count=1", "--",
-      "--config.data.name=mnist", f"--config.data.data_dir={SHARED_DATA}", timeout=600)
+      f"--config.data.name={dataset[0]}", f"--config.data.data_dir={dataset[1]}", timeout=600)
   assert result.returncode == 0, result.stdout[-3000:]
   for i in range(2):
     assert f"[launch] process {i} exited with code 0" in result.stdout

@@ -1,7 +1,6 @@
 """notebooks/: committed without outputs and run top to bottom on a checkpoint made here; and
 vit_jax/explore.py, whose numbers the notebook draws."""
 import json
-import os
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +10,7 @@ import pytest
 from nbclient.exceptions import CellExecutionError
 from PIL import Image
 
-from helpers import DEBIAN_FASHION_MNIST, REPO, SHARED_DATA, run_notebook
+from helpers import REPO, run_notebook
 from vit_jax import checkpoint, explore, models
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
@@ -35,14 +34,9 @@ def tiny_npz(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def real_images(tmp_path_factory) -> dict[str, str]:
-  """Notebook parameters naming real images: MNIST from ../shared, else Debian's Fashion-MNIST."""
-  if (SHARED_DATA / "mnist").is_dir():
-    return {"VIT_IMAGES": "mnist", "VIT_DATA_DIR": str(SHARED_DATA)}
-  if os.path.isdir(DEBIAN_FASHION_MNIST):
-    return {"VIT_IMAGES": "fashion_mnist", "VIT_DATA_DIR": str(tmp_path_factory.mktemp("tfds"))}
-  pytest.skip("no real images: ../shared/data is missing and dataset-fashion-mnist is not "
-              "installed")
+def real_images(digits_folder) -> dict[str, str]:
+  """Notebook parameters naming real images: scikit-learn's digits, as an image folder."""
+  return {"VIT_IMAGES": digits_folder}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

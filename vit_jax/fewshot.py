@@ -32,7 +32,7 @@ def write_reports(rows: list[dict], failures: dict[str, str], out_dir: str) -> N
   datasets = sorted({r["dataset"] for r in rows})
   shots = sorted({r["shots"] for r in rows})
   lines = ["| checkpoint | dataset | " + " | ".join(f"{k}-shot" for k in shots) + " |",
-           "|---|---|" + "---|" * len(shots)]
+           "|---|---|" + "---|" * len(shots)] if rows else ["No results: every checkpoint failed."]
   by_key = {(r["checkpoint"], r["dataset"], r["shots"]): r for r in rows}
   for ckpt in dict.fromkeys(r["checkpoint"] for r in rows):
     for ds in datasets:
@@ -83,13 +83,13 @@ def _probe(path: str, model_name: str | None, image_size: int, datasets: dict,
 def sweep(checkpoints: Sequence[str], model_name: str | None, datasets: Sequence[str],
           data_dir: str | None, train_split: str, test_split: str, image_size: int,
           batch_size: int, shots: Sequence[int], seeds: int, l2_regs: Sequence[float],
-          out_dir: str) -> tuple[list[dict], dict[str, str]]:
+          out_dir: str, download: bool = False) -> tuple[list[dict], dict[str, str]]:
   """Probes every checkpoint on every dataset; a checkpoint that fails is reported, not fatal."""
   if min(l2_regs) <= 0:
     raise ValueError(f"--l2 values must be > 0, got {list(l2_regs)}.")
   batches = fewshot_lsr.fewshot_datasets(datasets, data_dir, train_split, test_split,
                                          image_size, batch_size,
-                                         sharding.batch_sharding(sharding.make_mesh()))
+                                         sharding.batch_sharding(sharding.make_mesh()), download)
   rows, failures = [], {}
   for i, path in enumerate(checkpoints):
     print(f"[{i + 1}/{len(checkpoints)}] {path}", flush=True)
@@ -103,6 +103,19 @@ def sweep(checkpoints: Sequence[str], model_name: str | None, datasets: Sequence
   return rows, failures
 
 
+# The data pipeline's advice speaks of config fields; this command's flags say the same.
+_FLAGS_FOR_FIELDS = (("set data.download=True", "pass --download"),
+                     ("data.download=False", "no --download"), ("data.data_dir", "--data_dir"),
+                     ("set data.name to", "name in --datasets"), ("data.name", "--datasets"),
+                     ("data.train_split", "--train_split"), ("data.eval_split", "--test_split"))
+
+
+def _in_flag_terms(message: str) -> str:
+  for field, flag in _FLAGS_FOR_FIELDS:
+    message = message.replace(field, flag)
+  return message
+
+
 def _ints(s: str) -> list[int]:
   return [int(v) for v in s.split(",")]
 
@@ -112,8 +125,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("checkpoints", nargs="+", help=".npz files, orbax step dirs, or globs")
   p.add_argument("--model", help="architecture of .npz checkpoints, e.g. ViT-B_16 or b16 "
                  "(default: inferred from the arrays)")
-  p.add_argument("--datasets", required=True, help="comma-separated TFDS names")
-  p.add_argument("--data_dir", default=None)
+  p.add_argument("--datasets", required=True,
+                 help="comma-separated TFDS names or image folders (ROOT/<split>/<class>/*)")
+  p.add_argument("--data_dir", default=None, help="TFDS data directory")
+  p.add_argument("--download", action="store_true", help="let TFDS download missing datasets")
   p.add_argument("--train_split", default="train", help="pool the shots are drawn from")
   p.add_argument("--test_split", default="test")
   p.add_argument("--image_size", type=int, default=224)
@@ -128,9 +143,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   for pattern in args.checkpoints:
     found = sorted(glob.glob(pattern))
     paths += found or [pattern]  # A missing path is reported as a failed checkpoint.
-  _, failures = sweep(paths, args.model, args.datasets.split(","), args.data_dir,
-                      args.train_split, args.test_split, args.image_size, args.batch_size,
-                      args.shots, args.seeds, args.l2, args.out_dir)
+  try:
+    _, failures = sweep(paths, args.model, args.datasets.split(","), args.data_dir,
+                        args.train_split, args.test_split, args.image_size, args.batch_size,
+                        args.shots, args.seeds, args.l2, args.out_dir, args.download)
+  except ValueError as e:  # A dataset that cannot be read: nothing to probe on.
+    print(f"error: {_in_flag_terms(str(e))}", file=sys.stderr, flush=True)
+    return 2
   print(f"Wrote {args.out_dir}/fewshot.{{csv,md,png}}", flush=True)
   return 1 if len(failures) == len(paths) else 0
 

@@ -5,11 +5,16 @@ Multi-host: on Cloud TPU pod slices and SLURM `jax.distributed.initialize()` fin
 peers by itself (`--distributed`); elsewhere pass --coordinator_address, --num_processes
 and --process_id (CPU processes then talk through gloo).
 """
+import importlib.util
 import logging
+import os
+import sys
 
 from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
+
+from vit_jax.config_errors import ConfigError, check_known
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file, `path.py:arg`.", lock_config=True)
@@ -29,8 +34,71 @@ class _QuietLibraries(logging.Filter):
     return record.levelno >= logging.WARNING or not noisy
 
 
+# Durations given in one of two units: the unit set on the command line replaces the other.
+_UNIT_PAIRS = (("total_steps", "total_epochs"), ("warmup_steps", "warmup_epochs"))
+
+
+def _fail(message: str) -> None:
+  print(f"error: {message}", file=sys.stderr, flush=True)
+  sys.exit(2)
+
+
+def _config_file(argv: list[str]):
+  """The config `--config path.py[:arg]` names, loaded without its overrides."""
+  spec = next((argv[i + 1] if a == "--config" else a.split("=", 1)[1]
+               for i, a in enumerate(argv) if a == "--config" or a.startswith("--config=")), None)
+  if spec is None:
+    return None
+  path, _, arg = spec.partition(":")
+  module_spec = importlib.util.spec_from_file_location("_vit_jax_config", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def _bad_override(argv: list[str]) -> str | None:
+  """Names the first `--config.a.b=...` whose field the config does not have."""
+  try:
+    config = _config_file(argv)
+  except Exception:  # Reported by absl's own message instead.
+    return None
+  for arg in (a for a in argv if a.startswith("--config.")):
+    node, path = config, arg[len("--config."):].split("=", 1)[0].split(".")
+    for i, key in enumerate(path):
+      if not hasattr(node, "keys"):
+        break
+      try:
+        check_known(".".join(path[:i + 1]), arg.split("=", 1)[-1], node.keys())
+      except ConfigError as e:
+        return str(e)
+      node = node[key]
+  return None
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with one-line errors for the config's fields, and the duration
+  unit given on the command line winning over the config file's other unit."""
+  try:
+    rest = FLAGS(argv)
+  except Exception as e:  # absl and ml_collections raise several types for a bad override.
+    _fail(_bad_override(argv) or str(e))
+  given = config_flags.get_override_values(FLAGS["config"])
+  for unit, other in _UNIT_PAIRS:
+    for a, b in ((unit, other), (other, unit)):
+      if a in given and b not in given and FLAGS.config.get(b) is not None:
+        FLAGS.config[b] = None
+  return rest
+
+
+# XLA aborts a CPU collective whose devices have not all joined within 40 s. With several
+# devices per core on a busy machine that is a slow step, not a deadlock: wait longer.
+CPU_COLLECTIVE_PATIENCE = "--xla_cpu_collective_call_terminate_timeout_seconds=600"
+
+
 def main(argv) -> None:
   del argv
+  if "collective_call_terminate_timeout" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {CPU_COLLECTIVE_PATIENCE}"
   absl_logging.get_absl_handler().addFilter(_QuietLibraries())
   import jax  # After absl has parsed the flags, so XLA_FLAGS set by users apply.
 
@@ -45,14 +113,18 @@ def main(argv) -> None:
 
   logging.info("JAX %s: process %d of %d, %d devices (%s).", jax.__version__, jax.process_index(),
                jax.process_count(), jax.device_count(), jax.devices()[0].platform)
-  metrics = loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  from vit_jax import checkpoint
+  try:
+    metrics = loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  except (ConfigError, checkpoint.CheckpointError) as e:
+    _fail(str(e))
   if metrics and jax.process_index() == 0:
     print("Final evaluation: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())),
           flush=True)
 
 
 def run() -> None:
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

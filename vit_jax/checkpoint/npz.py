@@ -14,6 +14,7 @@ Everything is converted to the original layout, which is also what `save_npz` wr
 import io
 import logging
 import re
+import zipfile
 from typing import Any, Mapping, Optional
 
 import jax
@@ -58,10 +59,16 @@ def read_npz(path: str) -> dict[str, np.ndarray]:
                           "checkpoints are .npz files with '/'-joined keys.")
   try:
     with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-      return {k: npz[k] for k in npz.files}
+      arrays = {k: npz[k] for k in npz.files if f"{k}.npy" in npz.zip.namelist()}
   except ValueError as e:
     raise CheckpointError(f"{path} holds pickled objects, which are refused for safety "
                           f"(np.load(allow_pickle=False)): {e}") from e
+  except (zipfile.BadZipFile, EOFError, OSError) as e:
+    raise CheckpointError(f"{path} is damaged ({type(e).__name__}: {e}), e.g. truncated by an "
+                          "interrupted copy: copy it again from its source.") from e
+  if not arrays:
+    raise CheckpointError(f"{path} is a zip file holding no arrays, not a ViT checkpoint.")
+  return arrays
 
 
 def _rename_new_flax_block(key: str) -> str:

@@ -1,13 +1,17 @@
 """The layout of a training run's checkpoints (orbax): WORKDIR/checkpoints/STEP/ holds
-`state` (the train state) and `meta` (JSON: what the run must agree with to resume it).
+`state` (the train state) and `meta` (JSON: what the run must agree with to resume it, and
+a checksum of every array of the state).
 
-Here: the manager, saving and restoring one step, the resumability check, the latest
-step, and the params of a step as host arrays for any device count.
+Here: the manager, saving and restoring one step (verified against its checksums, falling
+back to older steps and setting bad ones aside), the resumability check, the latest step,
+and the params of a step as host arrays for any device count.
 """
 import json
+import logging
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
@@ -27,7 +31,32 @@ def make_manager(workdir: str | epath.Path, keep: int) -> ocp.CheckpointManager:
       options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
 
 
+def _array_checksum(x: jax.Array) -> jax.Array:
+  """The sum of the array's 32-bit words, each times an odd weight made from its index,
+  modulo 2**32: any flipped bit changes it. Elementwise, so it runs where the (sharded)
+  array lives and needs no gathering."""
+  if x.dtype.itemsize != 4:
+    x = x.astype(jnp.float32)  # bfloat16 moments, exactly.
+  words = jax.lax.bitcast_convert_type(x, jnp.uint32)
+  index, stride = jnp.zeros(x.shape, jnp.uint32), 1
+  for axis in reversed(range(x.ndim)):
+    index = index + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis) * jnp.uint32(stride)
+    stride = stride * x.shape[axis] % 2**32
+  return jnp.sum(words * (index * jnp.uint32(2654435761) | jnp.uint32(1)), dtype=jnp.uint32)
+
+
+_checksums = jax.jit(lambda tree: jax.tree.map(_array_checksum, tree))
+
+
+def checksums(state: Any) -> dict[str, int]:
+  """{array path: checksum} of every array of a (train) state."""
+  flat = jax.tree_util.tree_flatten_with_path(jax.device_get(_checksums(state)))[0]
+  return {jax.tree_util.keystr(path): int(v) for path, v in flat}
+
+
 def save(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any]) -> None:
+  """Saves `state` with `meta` and the state's checksums (verified by `restore_latest`)."""
+  meta = dict(meta, checksums=checksums(state))
   manager.save(step, args=ocp.args.Composite(
       state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
 
@@ -44,15 +73,97 @@ def restore_state(manager: ocp.CheckpointManager, step: int, state: Any, shardin
       state=ocp.args.StandardRestore(abstract)))["state"]
 
 
-def check_resumable(found: dict[str, Any], wanted: dict[str, Any], workdir: str) -> None:
-  """Refuses to resume a run whose stored metadata differs from the config's, field by field."""
-  if found == wanted:
+def _verified(manager: ocp.CheckpointManager, step: int, state: Any,
+              shardings: Any) -> tuple[Any, dict[str, Any]]:
+  """Restores `step` and checks it against the checksums saved with it."""
+  meta = restore_meta(manager, step)
+  restored = restore_state(manager, step, state, shardings)
+  stored = meta.get("checksums")
+  if stored is None:
+    raise CheckpointError("its metadata holds no checksums")
+  bad = [k for k, v in checksums(restored).items() if stored.get(k) != v]
+  if bad:
+    raise CheckpointError(f"{len(bad)} array(s) differ from their checksums: {', '.join(bad[:5])}")
+  return restored, meta
+
+
+def set_aside(workdir: str | epath.Path, step: int) -> epath.Path:
+  """Renames a bad step directory out of orbax's sight (`STEP.corrupt`), keeping its files."""
+  src = checkpoint_dir(workdir) / str(step)
+  dst = src.parent / f"{step}.corrupt"
+  n = 1
+  while dst.exists():
+    dst, n = src.parent / f"{step}.corrupt{n}", n + 1
+  if jax.process_index() == 0:
+    src.rename(dst)
+  return dst
+
+
+def restore_latest(workdir: str | epath.Path, keep: int, state: Any, shardings: Any
+                   ) -> tuple[ocp.CheckpointManager, Any, dict[str, Any] | None, int]:
+  """(manager, state, metadata, step) of the newest step that restores and verifies.
+
+  A step that fails is reported by step and path, set aside, and the next older one tried;
+  with none left, `state` itself is returned at step 0.
+  """
+  while True:
+    manager = make_manager(workdir, keep)
+    step = manager.latest_step()
+    if step is None:
+      return manager, state, None, 0
+    try:
+      restored, meta = _verified(manager, step, state, shardings)
+      return manager, restored, meta, step
+    except Exception as e:  # Whatever orbax or the checksums raise, the step is unusable.
+      manager.close()
+      where = set_aside(workdir, step)
+      logging.warning("Checkpoint step %d in %s cannot be used (%s: %s); set aside as %s. "
+                      "Trying the previous step.", step, checkpoint_dir(workdir),
+                      type(e).__name__, str(e)[:500], where)
+      multihost_sync(f"set_aside_{step}")
+
+
+def multihost_sync(name: str) -> None:
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)
+
+
+def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
+  if not isinstance(tree, dict):
+    return {prefix: tree}
+  out = {}
+  for k, v in tree.items():
+    out |= _leaves(v, f"{prefix}.{k}" if prefix else k)
+  return out
+
+
+def check_resumable(found: dict[str, Any] | None, wanted: dict[str, Any], workdir: str,
+                    allow_changes: bool = False) -> None:
+  """Refuses to resume a run whose stored metadata differs from the config's, naming every
+  differing field. A different model is always refused; other changes (optimizer, schedule,
+  batch, steps, data) are resumed with a warning when `allow_changes`."""
+  if found is None:
     return
-  diffs = [f"  {k}: checkpoint {found.get(k)!r}, config {wanted.get(k)!r}"
-           for k in sorted(set(found) | set(wanted)) if found.get(k) != wanted.get(k)]
+  found, wanted = _leaves({k: v for k, v in found.items() if k != "checksums"}), _leaves(wanted)
+  diffs = [(k, found.get(k), wanted.get(k)) for k in sorted(set(found) | set(wanted))
+           if found.get(k) != wanted.get(k)]
+  if not diffs:
+    return
+  lines = "\n".join(f"  {k}: checkpoint {a!r}, config {b!r}" for k, a, b in diffs)
+  if any(k.split(".")[0] in ("model_name", "num_classes", "model") for k, _, _ in diffs):
+    raise CheckpointError(
+        f"{workdir} holds a checkpoint of a different model than the config asks for:\n"
+        f"{lines}\nUse a new --workdir, or the config that wrote the checkpoint.")
+  if allow_changes:
+    logging.warning("Resuming %s with a changed config (config.allow_resume_changes):\n%s",
+                    workdir, lines)
+    return
   raise CheckpointError(
-      f"{workdir} holds a checkpoint of a different model than the config asks for:\n"
-      + "\n".join(diffs) + "\nUse a new --workdir, or the config that wrote the checkpoint.")
+      f"{workdir} was written with another config; resuming would not continue its "
+      f"trajectory:\n{lines}\nEither rerun with the checkpoint's values (or give a new "
+      "--workdir to start afresh), or resume with the new values anyway: "
+      "--config.allow_resume_changes=True.")
 
 
 def is_step_dir(path: epath.Path) -> bool:

@@ -73,25 +73,27 @@ def compute_features(repr_fn: Callable, batches: Iterable[dict]) -> tuple[np.nda
 
 
 def dataset_batches(name: str, data_dir: str | None, split: str, image_size: int,
-                    batch_size: int, sharding: Sharding) -> tuple[Callable, int]:
+                    batch_size: int, sharding: Sharding,
+                    download: bool = False) -> tuple[Callable, int]:
   """A callable giving one masked pass over `split` of a dataset, and its class count."""
   cfg = data.get_data_config()
   cfg.update(name=name, data_dir=data_dir, eval_split=split, train_split=split,
-             image_size=image_size)
+             image_size=image_size, download=download)
   info = data.dataset_info(cfg)
   return (lambda: data.eval_iterator(cfg, global_batch_size=batch_size, sharding=sharding),
           info.num_classes)
 
 
 def fewshot_datasets(names: Sequence[str], data_dir: str | None, train_split: str,
-                     test_split: str, image_size: int, batch_size: int,
-                     sharding: Sharding) -> dict[str, tuple[Callable, Callable, int]]:
+                     test_split: str, image_size: int, batch_size: int, sharding: Sharding,
+                     download: bool = False) -> dict[str, tuple[Callable, Callable, int]]:
   """What FewShotEvaluator takes: per dataset, (train batches, test batches, class count)."""
   out = {}
   for name in names:
     train, num_classes = dataset_batches(name, data_dir, train_split, image_size, batch_size,
-                                         sharding)
-    test, _ = dataset_batches(name, data_dir, test_split, image_size, batch_size, sharding)
+                                         sharding, download)
+    test, _ = dataset_batches(name, data_dir, test_split, image_size, batch_size, sharding,
+                              download)
     out[name] = (train, test, num_classes)
   return out
 

@@ -54,6 +54,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_every_steps = ml_collections.FieldReference(None, field_type=int)  # None: at the end.
   c.checkpoint_every_steps = 1000
   c.keep_checkpoints = 3
+  # Resume a workdir although the config changed what the run does (optimizer, schedule,
+  # batch, steps, data): the trajectory then differs from an uninterrupted run's.
+  c.allow_resume_changes = False
   return c
 
 

@@ -54,13 +54,31 @@ def build_model(c: ml_collections.ConfigDict, num_classes: int) -> models.Vision
                              dtype=jnp.dtype(c.dtype), **_model_overrides(c))
 
 
-def run_meta(c: ml_collections.ConfigDict, num_classes: int) -> dict[str, Any]:
-  """What a checkpoint must agree with to be resumed."""
+# Data fields that change no batch: where the data lives, how it is read, what is evaluated.
+_DATA_FIELDS_OFF_TRAJECTORY = ("data_dir", "download", "eval_split", "cache", "cache_max_mb",
+                               "threads", "prefetch", "on_bad_image")
+
+
+def _jsonable(tree: Any) -> Any:
+  return json.loads(json.dumps(tree, default=list))
+
+
+def run_meta(c: ml_collections.ConfigDict, num_classes: int, total_steps: int,
+             warmup_steps: int) -> dict[str, Any]:
+  """What a checkpoint must agree with to be resumed: the model (its architecture, which
+  loaders also read from here) and everything else that changes the trajectory."""
   fields = models.model_config(c.model_name, **_model_overrides(c))
-  fields = {k: v for k, v in fields.items() if k not in ("dropout", "attention_dropout", "remat",
-                                                         "attention_impl", "stochastic_depth")}
-  return {"model_name": c.model_name, "num_classes": num_classes,
-          "model": json.loads(json.dumps(fields, default=list))}
+  regularisation = ("dropout", "attention_dropout", "stochastic_depth")
+  model = {k: v for k, v in fields.items()
+           if k not in regularisation + ("remat", "attention_impl")}
+  data_fields = {k: v for k, v in c.data.items() if k not in _DATA_FIELDS_OFF_TRAJECTORY}
+  trajectory = dict(
+      seed=c.seed, dtype=c.dtype, loss=c.loss, label_smoothing=c.label_smoothing,
+      batch_size=c.batch_size, accum_steps=c.accum_steps, total_steps=total_steps,
+      warmup_steps=warmup_steps, optimizer=c.optimizer.to_dict(), data=data_fields,
+      **{k: fields.get(k, 0.0) for k in regularisation})
+  return _jsonable({"model_name": c.model_name, "num_classes": num_classes, "model": model,
+                    "trajectory": trajectory})
 
 
 @dataclasses.dataclass
@@ -73,7 +91,17 @@ class _Job:
   schedule: optax.Schedule
   mesh: jax.sharding.Mesh
   micro_batch: int
-  loop_steps: int  # Train-step calls: optimizer updates x accum_steps.
+  total_steps: int  # Optimizer updates.
+  warmup_steps: int
+
+  @property
+  def loop_steps(self) -> int:
+    """Train-step calls: optimizer updates x accum_steps."""
+    return self.total_steps * self.config.accum_steps
+
+  @property
+  def meta(self) -> dict[str, Any]:
+    return run_meta(self.config, self.model.num_classes, self.total_steps, self.warmup_steps)
 
   @classmethod
   def from_config(cls, c: ml_collections.ConfigDict, workdir: str) -> "_Job":
@@ -84,33 +112,54 @@ class _Job:
                                              c.accum_steps)
     return cls(c, workdir, build_model(c, info.num_classes), tx, schedule,
                sharding.make_mesh(c.mesh.data, c.mesh.fsdp),
-               config_lib.micro_batch_size(c, jax.device_count()),
-               total_steps * c.accum_steps)
+               config_lib.micro_batch_size(c, jax.device_count()), total_steps, warmup_steps)
 
   @property
   def batch_sharding(self) -> jax.sharding.NamedSharding:
     return sharding.batch_sharding(self.mesh)
 
 
-def _restore_or_init(job: _Job, manager: ocp.CheckpointManager, rng: jax.Array
-                     ) -> tuple[trainer.TrainState, trainer.TrainState, int]:
-  """The state to start from (the latest checkpoint, else `config.pretrained` or an
-  initialisation), its shardings, and its step."""
+def _restore_or_init(job: _Job, rng: jax.Array
+                     ) -> tuple[ocp.CheckpointManager, trainer.TrainState, trainer.TrainState, int]:
+  """The checkpoint manager, the state to start from (the newest checkpoint that verifies,
+  else `config.pretrained` or an initialisation), its shardings, and its step."""
   c = job.config
   image_shape = (c.data.image_size, c.data.image_size, 3)
-  start = manager.latest_step() or 0
+  has_steps = run.checkpoint_dir(job.workdir).is_dir() and any(
+      p.name.isdigit() for p in run.checkpoint_dir(job.workdir).iterdir())
   params = None
-  if start == 0 and c.pretrained:
+  if not has_steps and c.pretrained:
     abstract = jax.eval_shape(job.model.init, rng, jnp.zeros((1,) + image_shape))["params"]
     params = checkpoint.load_params(c.pretrained, abstract)
     logging.info("Initialised from %s.", c.pretrained)
   state, shardings = trainer.init_state(job.model, job.tx, job.mesh, image_shape, rng, params)
+  if not has_steps:
+    return run.make_manager(job.workdir, c.keep_checkpoints), state, shardings, 0
+  run.check_resumable(_stored_meta(job), job.meta, job.workdir, c.allow_resume_changes)
+  manager, state, found, start = run.restore_latest(job.workdir, c.keep_checkpoints, state,
+                                                    shardings)
   if start:
-    run.check_resumable(run.restore_meta(manager, start), run_meta(c, job.model.num_classes),
-                        job.workdir)
-    state = run.restore_state(manager, start, state, shardings)
+    run.check_resumable(found, job.meta, job.workdir, c.allow_resume_changes)
     logging.info("Resumed from %s at step %d.", job.workdir, start)
-  return state, shardings, start
+  elif c.pretrained:
+    raise checkpoint.CheckpointError(
+        f"No checkpoint in {job.workdir} could be restored (all set aside as STEP.corrupt); "
+        f"rerun to start again from {c.pretrained}.")
+  return manager, state, shardings, start
+
+
+def _stored_meta(job: _Job) -> dict[str, Any] | None:
+  """The newest step's metadata, read before any state is restored, so that a changed
+  config is refused before anything is set aside as corrupt."""
+  steps = sorted((int(p.name) for p in run.checkpoint_dir(job.workdir).iterdir()
+                  if p.name.isdigit()), reverse=True)
+  for step in steps:
+    try:
+      return json.loads((run.checkpoint_dir(job.workdir) / str(step) / "meta" / "metadata")
+                        .read_text())
+    except (OSError, ValueError):
+      continue
+  return None
 
 
 def _build_evaluators(job: _Job) -> dict[str, Any]:
@@ -180,12 +229,17 @@ def _evaluate(evaluators: dict[str, Any], params: Any, step: int,
 def _run_steps(job: _Job, state: trainer.TrainState, start: int, train_step: Callable,
                batches: Any, evaluators: dict[str, Any], manager: ocp.CheckpointManager,
                writer: metric_writers.MetricWriter) -> dict[str, float]:
-  c, meta = job.config, run_meta(job.config, job.model.num_classes)
+  c, meta = job.config, job.meta
   progress = periodic_actions.ReportProgress(num_train_steps=job.loop_steps, writer=writer,
                                              every_steps=c.log_every_steps)
   log = _TrainMetrics(job, writer, manager.latest_step)
   preemption = _Preemption()
   eval_metrics = {}
+  if start >= job.loop_steps:
+    logging.info("The run in %s is complete (step %d of %d); evaluating its last checkpoint.",
+                 job.workdir, start, job.loop_steps)
+    print(f"The run in {job.workdir} is already complete at step {start}.", flush=True)
+    return _evaluate(evaluators, state.params, start, writer, progress)
   for step in range(start + 1, job.loop_steps + 1):
     state, metrics = train_step(state, next(batches))
     log.add(step, metrics)
@@ -210,10 +264,10 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   """Trains (resuming from `workdir` if it holds a checkpoint) and returns final eval metrics."""
   job = _Job.from_config(c, workdir)
   init_rng, dropout_rng = jax.random.split(jax.random.key(c.seed))
-  manager = run.make_manager(workdir, c.keep_checkpoints)
   writer = metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
+  manager = None
   try:
-    state, shardings, start = _restore_or_init(job, manager, init_rng)
+    manager, state, shardings, start = _restore_or_init(job, init_rng)
     if start == 0:
       writer.write_hparams({k: str(v) for k, v in c.to_dict().items()})
     train_step = trainer.make_train_step(job.model, job.tx, c.loss, shardings, job.mesh,
@@ -223,5 +277,6 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir: str) -> dict[str, 
     evaluators = _build_evaluators(job)
     return _run_steps(job, state, start, train_step, batches, evaluators, manager, writer)
   finally:
-    manager.close()  # Waits for the last save, then stops orbax's writer and deleter threads.
+    if manager is not None:
+      manager.close()  # Waits for the last save, then stops orbax's writer and deleter threads.
     writer.close()

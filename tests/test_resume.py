@@ -1,0 +1,158 @@
+"""A run is resumed exactly or refused with a reason: damaged checkpoints are set aside and the
+run goes on from the newest step that verifies; changed configs are refused field by field;
+a finished run reports its result; kill -9 and damage at random moments lose nothing."""
+import os
+import random
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from helpers import REPO, cli, cpu_env, read_scalars, run_cli, tiny_config
+from vit_jax import checkpoint
+from vit_jax.train import loop
+
+
+def steps_in(workdir) -> list[int]:
+  return sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+
+
+def largest_state_file(step_dir):
+  """The biggest file of a step's saved state: array data, whatever orbax's layout."""
+  return max((p for p in (step_dir / "state").rglob("*") if p.is_file()),
+             key=lambda p: p.stat().st_size)
+
+
+def damage(step_dir, how: str, rng: random.Random) -> None:
+  target = largest_state_file(step_dir)
+  data = bytearray(target.read_bytes())
+  if how == "bitflip":
+    for _ in range(4):
+      i = rng.randrange(len(data) // 4, len(data))
+      data[i] ^= 1 << rng.randrange(8)
+    target.write_bytes(bytes(data))
+  elif how == "truncate":
+    target.write_bytes(bytes(data[:len(data) // 2]))
+  else:
+    target.unlink()
+
+
+def losses_by_step(workdir) -> dict[int, float]:
+  """Every step's train loss; a step logged again after a resume keeps its latest value."""
+  return read_scalars(workdir, "train_loss")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, dataset):
+  """An uninterrupted 24-step run: checkpoints every 4 steps, the last 3 kept."""
+  workdir = tmp_path_factory.mktemp("reference")
+  loop.train_and_evaluate(tiny_config(dataset, total_steps=24), str(workdir))
+  return workdir, losses_by_step(workdir)
+
+
+@pytest.mark.parametrize("how", ["bitflip", "truncate", "delete"])
+def test_a_damaged_step_is_set_aside_and_the_run_resumes_before_it(tmp_path, dataset, reference,
+                                                                   how, caplog):
+  ref_dir, expected = reference
+  workdir = tmp_path / "run"
+  subprocess.run(["cp", "-r", str(ref_dir), str(workdir)], check=True)
+  for f in workdir.glob("events.out.tfevents.*"):
+    f.unlink()
+  assert steps_in(workdir) == [16, 20, 24]
+  damage(workdir / "checkpoints" / "24", how, random.Random(0))
+  loop.train_and_evaluate(tiny_config(dataset, total_steps=24), str(workdir))
+  assert "Checkpoint step 24" in caplog.text and "set aside as" in caplog.text
+  assert (workdir / "checkpoints" / "24.corrupt").is_dir()  # Kept, for a look.
+  assert steps_in(workdir) == [16, 20, 24]  # 24 written again, from 20.
+  after = losses_by_step(workdir)
+  assert sorted(after) == [21, 22, 23, 24]
+  np.testing.assert_array_equal([after[s] for s in after], [expected[s] for s in after])
+
+
+def test_a_changed_optimizer_or_batch_is_refused_naming_each_field(tmp_path, dataset):
+  loop.train_and_evaluate(tiny_config(dataset, total_steps=4), str(tmp_path))
+  changed = tiny_config(dataset, total_steps=8, batch_size=16,
+                        **{"optimizer.name": "sgd", "optimizer.lr": 0.1})
+  with pytest.raises(checkpoint.CheckpointError) as e:
+    loop.train_and_evaluate(changed, str(tmp_path))
+  message = str(e.value)
+  for line in ("trajectory.batch_size: checkpoint 32, config 16",
+               "trajectory.optimizer.name: checkpoint 'adamw', config 'sgd'",
+               "trajectory.optimizer.lr: checkpoint 0.003, config 0.1",
+               "trajectory.total_steps: checkpoint 4, config 8"):
+    assert line in message
+  assert "new --workdir" in message and "--config.allow_resume_changes=True" in message
+  changed.allow_resume_changes = True
+  metrics = loop.train_and_evaluate(changed, str(tmp_path))
+  assert metrics["num_examples"] == 256 and steps_in(tmp_path)[-1] == 8
+
+
+def test_rerunning_a_finished_run_reports_its_result(tmp_path, dataset):
+  args = cli(tmp_path, dataset, "--config.total_steps=4")
+  first = run_cli(args)
+  assert first.returncode == 0, first.stderr[-3000:]
+  again = run_cli(args)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "already complete at step 4" in again.stdout
+  final = lambda out: out.split("Final evaluation: ")[1].splitlines()[0]  # noqa: E731
+  assert final(again.stdout) == final(first.stdout)
+
+
+def test_the_command_line_unit_replaces_the_config_files_other_unit(tmp_path, dataset):
+  """configs/quickstart.py sets total_epochs; --config.total_steps replaces it."""
+  result = run_cli(cli(tmp_path, dataset, "--config.total_steps=3", "--config.warmup_steps=1",
+                       "--config.data.eval_split=test[:64]", config="configs/quickstart.py"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert steps_in(tmp_path) == [3]
+
+
+@pytest.mark.slow
+def test_random_kills_and_damage_lose_nothing(tmp_path, dataset):
+  """kill -9 at seeded random moments (mid-save included) and three kinds of damage to the
+  newest step: every rerun resumes from the newest step that verifies, and the per-step
+  losses end equal to an uninterrupted run's."""
+  flags = ("--config.total_steps=200", "--config.checkpoint_every_steps=5",
+           "--config.log_every_steps=1")
+  full = run_cli(cli(tmp_path / "full", dataset, *flags))
+  assert full.returncode == 0, full.stderr[-3000:]
+  expected = losses_by_step(tmp_path / "full")
+  rng = random.Random(1234)
+  workdir = tmp_path / "run"
+  saved = lambda: steps_in(workdir) if (workdir / "checkpoints").is_dir() else []  # noqa: E731
+  kills, damaged, lost, runs = 0, [], [], 0
+  while True:
+    runs += 1
+    before = (saved() or [0])[-1]
+    proc = subprocess.Popen(cli(workdir, dataset, *flags), env=cpu_env(), cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if kills < 10:
+      # Once this run has saved a step (start-up speed varies), a random moment in the
+      # steps and saves that follow.
+      t0 = time.time()
+      while proc.poll() is None and (saved() or [0])[-1] <= before and time.time() - t0 < 300:
+        time.sleep(0.05)
+      time.sleep(rng.uniform(0.0, 1.0))
+      if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+        kills += 1
+    _, err = proc.communicate(timeout=600)
+    if proc.returncode == 0:
+      break
+    assert runs < 40, err[-3000:]
+    steps = saved()
+    lost.append(max(0, before - (steps or [0])[-1]))
+    if steps and len(damaged) < min(kills // 3, 3):
+      how = ("bitflip", "truncate", "delete")[len(damaged)]
+      damage(workdir / "checkpoints" / str(steps[-1]), how, rng)
+      damaged.append((steps[-1], how))
+  assert kills >= 10 and len(damaged) == 3, (kills, damaged)
+  corrupt = sorted(p.name for p in (workdir / "checkpoints").iterdir() if ".corrupt" in p.name)
+  assert len(corrupt) == 3, corrupt
+  after = losses_by_step(workdir)
+  assert sorted(after) == sorted(expected) == list(range(1, 201))
+  np.testing.assert_array_equal([after[s] for s in range(1, 201)],
+                                [expected[s] for s in range(1, 201)])
+  print(f"\nkills: {kills}, runs: {runs}, damaged (step, how): {damaged}, set aside: {corrupt}, "
+        f"newest checkpoint lost per interruption (steps): {lost}")
