@@ -31,7 +31,7 @@ INSTALL_REQUIRES = [
     "numpy",
     "scipy",
     "pillow",
-    "matplotlib",
+    "matplotlib>=3.6",  # vit_jax/figures.py: Figure(layout=...), matplotlib.colormaps, legend ncols.
     "tqdm",
 ]
 
