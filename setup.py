@@ -72,6 +72,7 @@ setuptools.setup(
             "vit-fewshot=vit_jax.fewshot:run",
             "vit-export=vit_jax.export:run",
             "vit-zoo=vit_jax.zoo:run",
+            "vit-inspect=vit_jax.inspect:run",
         ],
     },
 )

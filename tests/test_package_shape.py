@@ -17,7 +17,7 @@ LAYERS = (
     ("train",),
     ("explore",),  # Notebook and `inspect` support: what the analyses compute ...
     ("figures",),  # ... and how they are drawn.
-    ("main", "fewshot", "export", "zoo"),  # Command-line entry points.
+    ("main", "fewshot", "export", "zoo", "inspect"),  # Command-line entry points.
 )
 LAYER_OF = {part: i for i, parts in enumerate(LAYERS) for part in parts}
 MODULES = sorted(p for p in (REPO / "vit_jax").rglob("*.py"))
