@@ -31,7 +31,7 @@ INSTALL_REQUIRES = [
     "numpy",
     "scipy",
     "pillow",
-    "matplotlib",
+    "matplotlib>=3.6",  # vit_jax/figures.py: Figure(layout=...), matplotlib.colormaps, legend ncols.
     "tqdm",
 ]
 
@@ -72,6 +72,7 @@ setuptools.setup(
             "vit-fewshot=vit_jax.fewshot:run",
             "vit-export=vit_jax.export:run",
             "vit-zoo=vit_jax.zoo:run",
+            "vit-inspect=vit_jax.inspect:run",
         ],
     },
 )

@@ -7,12 +7,17 @@ import glob
 import importlib.util
 import os
 import pathlib
+import re
 import subprocess
 import sys
+
+import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
+# checkpoint.POSEMB_KEY, without importing vit_jax here.
+POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 
 
 def load_config_module(path: str):
@@ -85,3 +90,36 @@ def run_notebook(path, monkeypatch, **params: str):
   NotebookClient(nb, timeout=600, kernel_name="python3",
                  resources={"metadata": {"path": str(REPO)}}).execute()
   return nb
+
+
+def random_params(model, size: int, seed: int = 0):
+  """Init, then perturb every array so that no parameter (head included) is trivial."""
+  import jax
+  import jax.numpy as jnp
+  params = jax.jit(model.init)(jax.random.key(seed), jnp.zeros((1, size, size, 3)))["params"]
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+  leaves = [np.array(p + 0.02 * jax.random.normal(k, p.shape)) for p, k in zip(leaves, keys)]
+  return jax.tree.unflatten(treedef, leaves)
+
+
+def new_flax_layout(flat):
+  """Original-layout flat arrays renamed as newer Flax code names the block children."""
+  names = {"MultiHeadDotProductAttention_1": "MultiHeadDotProductAttention_0",
+           "LayerNorm_2": "LayerNorm_1", "MlpBlock_3": "MlpBlock_0"}
+  rename = lambda m: m.group(1) + names.get(m.group(2), m.group(2))
+  return {re.sub(r"(encoderblock_\d+/)(\w+)", rename, k): v for k, v in flat.items()}
+
+
+def big_vision_layout(flat, scanned: bool):
+  """Original-layout flat arrays as big_vision writes them: `params/` prefix, newer names,
+  the position embedding without the class entry, optionally one scanned encoder block."""
+  flat = new_flax_layout(flat)
+  flat["pos_embedding"] = flat.pop(POSEMB_KEY)[:, 1:]
+  if scanned:
+    blocks = sorted({k.split("/")[1] for k in flat if k.startswith("Transformer/encoderblock_")},
+                    key=lambda b: int(b.split("_")[1]))
+    for rest in {k.split("/", 2)[2] for k in flat if k.startswith("Transformer/encoderblock_0/")}:
+      flat[f"Transformer/encoderblock/{rest}"] = np.stack(
+          [flat.pop(f"Transformer/{b}/{rest}") for b in blocks])
+  return {f"params/{k}": v for k, v in flat.items()}

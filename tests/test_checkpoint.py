@@ -1,6 +1,4 @@
 """Checkpoint interchange: layouts, fitting to a model, round trips, timm equivalence."""
-import re
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,19 +6,11 @@ import pytest
 import scipy.ndimage
 
 import timm_reference
+from helpers import big_vision_layout, new_flax_layout, random_params
 from vit_jax import checkpoint, models
 
 TINY = dict(hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2, patch_size=8)
 HYBRID_TINY = dict(hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2, resnet_layers=(1, 1, 1, 1))
-
-
-def random_params(model, size: int, seed: int = 0):
-  """Init, then perturb every array so that no parameter (head included) is trivial."""
-  params = jax.jit(model.init)(jax.random.key(seed), jnp.zeros((1, size, size, 3)))["params"]
-  leaves, treedef = jax.tree.flatten(params)
-  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-  leaves = [np.array(p + 0.02 * jax.random.normal(k, p.shape)) for p, k in zip(leaves, keys)]
-  return jax.tree.unflatten(treedef, leaves)
 
 
 def assert_trees_equal(a, b):
@@ -28,25 +18,6 @@ def assert_trees_equal(a, b):
   assert set(fa) == set(fb)
   for k in fa:
     np.testing.assert_array_equal(np.asarray(fa[k]), np.asarray(fb[k]), err_msg=k)
-
-
-def new_flax_layout(flat):
-  names = {"MultiHeadDotProductAttention_1": "MultiHeadDotProductAttention_0",
-           "LayerNorm_2": "LayerNorm_1", "MlpBlock_3": "MlpBlock_0"}
-  return {re.sub(r"(encoderblock_\d+/)(\w+)", lambda m: m.group(1) + names.get(m.group(2), m.group(2)), k): v
-          for k, v in flat.items()}
-
-
-def big_vision_layout(flat, scanned: bool):
-  flat = new_flax_layout(flat)
-  flat["pos_embedding"] = flat.pop(checkpoint.POSEMB_KEY)[:, 1:]
-  if scanned:
-    blocks = sorted({k.split("/")[1] for k in flat if k.startswith("Transformer/encoderblock_")},
-                    key=lambda b: int(b.split("_")[1]))
-    for rest in {k.split("/", 2)[2] for k in flat if k.startswith("Transformer/encoderblock_0/")}:
-      flat[f"Transformer/encoderblock/{rest}"] = np.stack(
-          [flat.pop(f"Transformer/{b}/{rest}") for b in blocks])
-  return {f"params/{k}": v for k, v in flat.items()}
 
 
 def write_npz(path, flat):

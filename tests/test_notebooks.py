@@ -60,7 +60,7 @@ def test_explore_notebook_runs_top_to_bottom(tiny_npz, real_images, monkeypatch)
   top5 = [line for line in text.splitlines() if line.count("%)") == 5]
   assert len(top5) == 3
   pictures = [o for o in outputs if "image/png" in o.get("data", {})]
-  assert len(pictures) == 5  # Top-5, rollout, heads, position embeddings, filters.
+  assert len(pictures) == 6  # Top-5, rollout, heads, attention distance, posemb, filters.
 
 
 def test_explore_notebook_names_the_known_models(tiny_npz, monkeypatch):

@@ -15,7 +15,9 @@ LAYERS = (
     ("checkpoint",),
     ("evaluators",),
     ("train",),
-    ("main", "fewshot", "export", "zoo", "explore"),  # Command-line entry points, notebook support.
+    ("explore",),  # Notebook and `inspect` support: what the analyses compute ...
+    ("figures",),  # ... and how they are drawn.
+    ("main", "fewshot", "export", "zoo", "inspect"),  # Command-line entry points.
 )
 LAYER_OF = {part: i for i, parts in enumerate(LAYERS) for part in parts}
 MODULES = sorted(p for p in (REPO / "vit_jax").rglob("*.py"))

@@ -1,7 +1,8 @@
-"""What notebooks/explore_checkpoint.ipynb computes: from a loaded checkpoint
-(`checkpoint.load`) and images, top-k labels, attention maps (rollout and per head),
-position-embedding similarity and the principal components of the patch-embedding
-filters (as in figures 6 and 7 of the ViT paper).
+"""What notebooks/explore_checkpoint.ipynb and `python -m vit_jax.inspect` compute: from a
+loaded checkpoint (`checkpoint.load`) and images, top-k labels, attention maps (rollout and
+per head), the mean attention distance per head, position-embedding similarity and the
+principal components of the patch-embedding filters (figures 6 and 7 of the ViT paper).
+`vit_jax.figures` draws them.
 """
 import glob
 import json
@@ -105,6 +106,60 @@ def token_maps(matrix: np.ndarray, grid: tuple[int, int], has_class_token: bool)
     raise ValueError(f"{rows.shape[-1]} patch tokens do not fill a {grid[0]}x{grid[1]} grid.")
   rows = rows / rows.sum(axis=-1, keepdims=True)
   return rows.reshape(*rows.shape[:-1], *grid)
+
+
+def patch_distances(grid: tuple[int, int], patch_px: float) -> np.ndarray:
+  """(N, N) distances in pixels between the centres of a grid's N = h*w patches (row-major,
+  the token order), `patch_px` pixels apart."""
+  h, w = grid
+  yx = np.stack(np.meshgrid(np.arange(h), np.arange(w), indexing="ij"), -1).reshape(-1, 2)
+  return patch_px * np.linalg.norm(yx[:, None] - yx[None], axis=-1)
+
+
+def mean_attention_distance(attention: Sequence[np.ndarray], grid: tuple[int, int],
+                            patch_px: float, has_class_token: bool) -> np.ndarray:
+  """Mean attention distance (paper, figure 7 right and appendix D.7): per layer and head,
+  the attention-weighted distance in pixels from a query patch to the patches it attends
+  to, averaged over the query patches and the images. Returns (layers, heads).
+
+  attention: per layer (B, heads, T, T), rows summing to 1. `patch_px` is the side of a
+  token in input pixels (`model.stride`: the patch size, or what a hybrid's token covers).
+  The class token has no place in the image, so it is left out as a query and as a key,
+  and each query's attention is renormalised over the patches: its distance is that of
+  where it looks in the image. (Common re-implementations drop the class column without
+  renormalising, which shrinks a head's distance by the share of attention it gives the
+  class token. The paper does not say; neither the official code nor big_vision ships
+  the computation.)
+  """
+  distances = patch_distances(grid, patch_px)
+  out = []
+  for a in attention:
+    a = np.asarray(a)
+    if has_class_token:
+      a = a[..., 1:, 1:]
+    if a.shape[-2:] != distances.shape:
+      raise ValueError(f"Attention over {a.shape[-1]} patch tokens does not fit a "
+                       f"{grid[0]}x{grid[1]} grid (has_class_token={has_class_token}).")
+    mass = np.maximum(a.sum(axis=-1, dtype=np.float64), np.finfo(np.float64).tiny)
+    weighted = np.einsum("bhqk,qk->bhq", a, distances.astype(a.dtype), dtype=np.float64)
+    out.append((weighted / mass).mean(axis=(0, 2)))
+  return np.stack(out)
+
+
+def model_attention_distance(ckpt: checkpoint.Loaded, batch: np.ndarray,
+                             batch_size: int = 32) -> np.ndarray:
+  """`mean_attention_distance` of the model over all of `batch` (preprocessed images), run
+  `batch_size` images at a time: all layers' attention for many images at once would not
+  fit (ViT-L/16 at 224 px: 24 layers x 16 heads x 197^2 floats = 60 MB per image)."""
+  attend = jax.jit(lambda params, x: ckpt.model.apply(
+      {"params": params}, x, return_attention=True)[1]["attention"])
+  total = 0.0
+  for start in range(0, len(batch), batch_size):
+    part = batch[start:start + batch_size]
+    attention = [np.asarray(a) for a in attend(ckpt.params, part)]
+    total = total + len(part) * mean_attention_distance(
+        attention, ckpt.grid, ckpt.model.stride, ckpt.has_class_token)
+  return total / len(batch)
 
 
 def position_embeddings(ckpt: checkpoint.Loaded) -> np.ndarray:

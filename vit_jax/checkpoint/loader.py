@@ -112,7 +112,14 @@ def load(path: str, model_name: str | None = None, *, image_size: int | None = N
   position embedding was trained at; other sizes resize it. `head=False` drops the
   classification head, leaving the representation (pre-logits) as the output.
   """
-  flat, meta, source = read(path)
+  return from_arrays(*read(path), model_name, image_size=image_size, head=head, **overrides)
+
+
+def from_arrays(flat: dict[str, np.ndarray], meta: dict[str, Any] | None, source: str,
+                model_name: str | None = None, *, image_size: int | None = None,
+                head: bool = True, **overrides: Any) -> Loaded:
+  """`load` of what `read` returned: for callers that also look at the file's own arrays
+  (their dtypes, a zeroed head) without reading it twice."""
   name, fields = _model_fields(flat, meta, model_name, overrides, source)
   fields = models.model_config(name, **fields) if name else dict(fields)
   fields.update(overrides)

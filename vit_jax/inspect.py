@@ -1,0 +1,250 @@
+"""What a checkpoint holds: its model, resolution, head and size, and the fine-tuning
+command that fits it; with --figures, the paper's analyses of it as PNG.
+
+  python -m vit_jax.inspect gs://vit_models/imagenet21k/ViT-B_16.npz
+  python -m vit_jax.inspect augreg:S_16 --json
+  python -m vit_jax.inspect /tmp/vit_quickstart --figures /tmp/figures --images mnist
+
+CKPT: a released .npz (any layout: original, newer Flax names, big_vision), an AugReg
+name (`augreg:S_16`), a training run's workdir (its latest step) or one of its step
+directories. The figures: principal components of the patch-embedding filters, position-
+embedding similarity, and, over the images of --images (a TFDS dataset or an image
+folder, its evaluation split; or a glob of image files), the mean attention distance per
+head against depth and attention rollout.
+"""
+import argparse
+import json
+import os
+import shlex
+import sys
+import textwrap
+from typing import Any, Sequence
+
+if __name__ == "inspect":  # Shadowing the standard library's module: say so, not fail later.
+  raise ImportError("vit_jax/inspect.py was imported as Python's `inspect`: a file of vit_jax/ "
+                    "was run as a script, which puts vit_jax/ first on sys.path. Run it as a "
+                    "module instead: python -m vit_jax.NAME.")
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up lines hide the report.
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from vit_jax import checkpoint, explore, figures, models  # noqa: E402
+from vit_jax.models import registry  # noqa: E402
+
+FIELDS = registry.ARCHITECTURE + ("classifier", "representation_size", "posemb")
+# What the fine-tuning model must share with the file for its arrays to load; the
+# fine-tuning config's model starts from a registry name and overrides the rest.
+FINETUNE_FIELDS = registry.ARCHITECTURE + ("classifier", "posemb")
+FINETUNE_IMAGE_SIZE = 384  # configs/finetune.py's.
+POOLING = {"token": "the class token", "gap": "mean of the patch tokens",
+           "map": "attention pooling (MAP head)"}
+ZERO_HEAD = (
+    "The ImageNet-21k releases ship their head zeroed like this: every image gets the same "
+    "logits, so the file predicts nothing as it is. Use its representation (pre-logits: "
+    "checkpoint.load(..., head=False), python -m vit_jax.fewshot), or fine-tune it: "
+    "fine-tuning starts a new zero-initialised head anyway. For ImageNet labels, take a "
+    "fine-tuned file (imagenet21k+imagenet2012_*.npz, an AugReg ...--imagenet2012-... one).")
+
+
+def _registry_name(model: models.VisionTransformer) -> str | None:
+  """The registry name of the model's architecture, preferring one with its pooling."""
+  fields = {f: getattr(model, f) for f in FIELDS}
+  names = [n for n, c in registry.MODEL_CONFIGS.items()
+           if registry.architecture(c) == registry.architecture(fields)]
+  same_pooling = [n for n in names
+                  if registry.MODEL_CONFIGS[n].get("classifier", "token") == model.classifier]
+  return (same_pooling or names or [None])[0]
+
+
+def _default(field: str) -> Any:
+  return models.VisionTransformer.__dataclass_fields__[field].default
+
+
+def _flag_value(value: Any) -> str:
+  if isinstance(value, (tuple, list)):  # ml_collections parses a tuple literal.
+    return "(" + ",".join(map(str, value)) + ("," if len(value) == 1 else "") + ")"
+  return str(value)
+
+
+def finetune_command(ckpt: checkpoint.Loaded, path: str, dataset: str = "cifar10") -> str:
+  """`python -m vit_jax.main` with configs/finetune.py on `dataset`, starting from `path`:
+  the registry model nearest the file, and overrides for every field that differs."""
+  model = ckpt.model
+  base = (_registry_name(model) or model.name_in_registry or
+          ("R50+ViT-B_16" if model.resnet_layers is not None else "ViT-B_16"))
+  base_fields = models.model_config(base)
+  overrides = {f: getattr(model, f) for f in FINETUNE_FIELDS
+               if getattr(model, f) != base_fields.get(f, _default(f))}
+  size = FINETUNE_IMAGE_SIZE
+  if size % model.stride:  # Images must split into whole tokens.
+    size = max(1, round(size / model.stride)) * model.stride
+  args = ["python", "-m", "vit_jax.main", "--config",
+          f"configs/finetune.py:{registry.short_name(base)},{dataset}",
+          "--workdir", "WORKDIR", f"--config.pretrained={path}"]
+  args += [f"--config.model.{k}={_flag_value(v)}" for k, v in overrides.items()]
+  if size != FINETUNE_IMAGE_SIZE:
+    args.append(f"--config.data.image_size={size}")
+  return shlex.join(args)
+
+
+def _head(flat: dict[str, np.ndarray]) -> str:
+  if "head/kernel" not in flat:
+    return "none"
+  if np.any(flat["head/kernel"]):
+    return "trained"
+  return "zeros" if not np.any(flat.get("head/bias", 0)) else "zero kernel"
+
+
+def describe(path: str, model_name: str | None = None,
+             dataset: str = "cifar10") -> tuple[dict[str, Any], checkpoint.Loaded]:
+  """The report on `path` (a JSON-ready dict) and the loaded checkpoint."""
+  flat, meta, source = checkpoint.read(path)
+  if model_name:
+    model_name = registry.resolve_name(model_name)
+  ckpt = checkpoint.from_arrays(flat, meta, source, model_name)
+  m = ckpt.model
+  head = _head(flat)
+  return {
+      "checkpoint": path, "source": source,
+      "model": _registry_name(m), "run_model_name": meta["model_name"] if meta else None,
+      "fields": {f: getattr(m, f) for f in FIELDS},
+      "patch_size": m.patch_size, "token_px": m.stride, "width": m.hidden_size,
+      "depth": m.num_layers, "heads": m.num_heads, "mlp_dim": m.mlp_dim,
+      "resnet_layers": m.resnet_layers, "pooling": m.classifier, "posemb": m.posemb,
+      "posemb_grid": list(ckpt.grid) if m.posemb == "learn" else None,
+      "image_size": ckpt.image_size, "pre_logits": m.representation_size,
+      "num_classes": m.num_classes,
+      "parameters": int(sum(np.size(x) for x in jax.tree.leaves(ckpt.params))),
+      "dtype": ", ".join(sorted({str(v.dtype) for v in flat.values()})),
+      "head": head, "head_all_zeros": head == "zeros" if head != "none" else None,
+      "finetune_command": finetune_command(ckpt, path, dataset),
+  }, ckpt
+
+
+def _model_line(r: dict[str, Any]) -> str:
+  if r["model"]:
+    return r["model"]
+  hybrid = r["resnet_layers"] is not None
+  fields = " ".join(f"{k}={v}" for k, v in r["fields"].items()
+                    if k in registry.ARCHITECTURE and (hybrid or not k.startswith("resnet")))
+  run = f" (a run of {r['run_model_name']} with overrides)" if r["run_model_name"] else ""
+  return f"no registry name fits{run}: {fields}"
+
+
+def _patch_line(r: dict[str, Any]) -> str:
+  if r["resnet_layers"] is None:
+    return f"{r['patch_size']} px"
+  return (f"{r['patch_size']} on the features of a ResNet stem with stages "
+          f"{tuple(r['resnet_layers'])}: tokens of {r['token_px']} px")
+
+
+def _posemb_line(r: dict[str, Any]) -> str:
+  if r["posemb"] == "learn":
+    h, w = r["posemb_grid"]
+    return f"learned, {h}x{w} grid: native resolution {r['image_size']} px"
+  return "fixed 2-D sin-cos: any resolution (224 px assumed here)"
+
+
+def _head_lines(r: dict[str, Any]) -> list[tuple[str, str]]:
+  classes = r["num_classes"]
+  known = {21843: " (ImageNet-21k's count)", 1000: " (ImageNet-1k's count)"}
+  lines = [("classes", f"{classes}{known.get(classes, '')}" if classes else "none")]
+  if r["head"] == "zeros":
+    lines += [("head", "all zeros"), ("", textwrap.fill(ZERO_HEAD, 75))]
+  elif r["head"] == "zero kernel":
+    lines += [("head", "kernel all zeros, bias not: the same logits for every image"),
+              ("", textwrap.fill(ZERO_HEAD, 75))]
+  else:
+    lines.append(("head", "trained (not zero)" if r["head"] == "trained"
+                  else "none: the representation is the output"))
+  return lines
+
+
+def format_text(r: dict[str, Any]) -> str:
+  """The report as aligned `name  value` lines."""
+  pre_logits = (f"{r['pre_logits']} (tanh); the fine-tuning command drops it with the head"
+                if r["pre_logits"] else "none")
+  rows = [("checkpoint", r["checkpoint"])]
+  if r["source"] != r["checkpoint"]:
+    rows.append(("read", r["source"]))
+  rows += [("model", _model_line(r)), ("patch size", _patch_line(r)),
+           ("width", str(r["width"])), ("depth", f"{r['depth']} layers"),
+           ("heads", str(r["heads"])), ("MLP size", str(r["mlp_dim"])),
+           ("pooling", f"{r['pooling']} ({POOLING[r['pooling']]})"),
+           ("position emb.", _posemb_line(r)), ("pre-logits", pre_logits)]
+  rows += _head_lines(r) + [("parameters", f"{r['parameters']:,} ({r['dtype']})"),
+                            ("fine-tune", r["finetune_command"])]
+  if r.get("figures"):
+    rows += [("figures", "\n".join(r["figures"].values()))]
+  return "\n".join(f"{name:<15}{line}" if i == 0 else f"{'':<15}{line}"
+                   for name, value in rows for i, line in enumerate(value.splitlines()))
+
+
+def _eval_split(images: str) -> str:
+  return "validation" if images.split(":")[0] == "imagenet2012" else "test"
+
+
+def _figures(ckpt: checkpoint.Loaded, args: argparse.Namespace) -> dict[str, Any]:
+  batch = captions = None
+  if args.images:
+    images, captions, _ = explore.load_images(
+        args.images, args.split or _eval_split(args.images), args.data_dir, args.num_images,
+        args.download)
+    batch = explore.preprocess(images, ckpt.image_size)
+  paths, distances = figures.write(ckpt, args.figures, batch, captions,
+                                   batch_size=args.batch_size)
+  out = {"figures": paths}
+  if distances is not None:
+    out["mean_attention_distance_px"] = np.round(distances, 3).tolist()
+    out["images"] = len(batch)
+  return out
+
+
+def parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog="python -m vit_jax.inspect", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("checkpoint", metavar="CKPT", help=".npz, augreg:NAME, workdir or step dir")
+  p.add_argument("--model", help="registry name to check the file against (default: read "
+                 "off the file)")
+  p.add_argument("--json", action="store_true", help="print one JSON object")
+  p.add_argument("--dataset", default="cifar10",
+                 help="the dataset of the fine-tuning command (default: %(default)s)")
+  p.add_argument("--figures", metavar="DIR", help="write the analysis figures here as PNG")
+  p.add_argument("--images", help="for the attention figures: a TFDS dataset, an image "
+                 "folder (ROOT/<split>/<class>/*) or a glob of image files")
+  p.add_argument("--split", help="split of --images (default: its evaluation split, "
+                 "test; validation for imagenet2012)")
+  p.add_argument("--data_dir", help="TFDS data_dir")
+  p.add_argument("--download", action="store_true", help="let TFDS download --images")
+  p.add_argument("--num_images", type=int, default=128,
+                 help="images the attention distance averages over (default: %(default)s)")
+  p.add_argument("--batch_size", type=int, default=32, help="images per forward pass")
+  return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args = parser().parse_args(argv)
+  try:
+    report, ckpt = describe(args.checkpoint, args.model, args.dataset)
+    if args.figures:
+      report.update(_figures(ckpt, args))
+  except (OSError, ValueError) as e:  # CheckpointError, ZooError, ConfigError: ValueErrors.
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  if args.json:
+    print(json.dumps(report, indent=1))
+  else:
+    print(format_text(report))
+    if args.figures and not args.images:
+      print("(The attention distance and rollout figures need --images.)")
+  return 0
+
+
+def run() -> None:
+  sys.exit(main())
+
+
+if __name__ == "__main__":
+  run()
