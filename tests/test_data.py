@@ -250,10 +250,10 @@ def test_train_is_deterministic_and_resumable(dataset, overrides):
 
 def test_train_epoch_is_a_permutation(dataset):
   cfg = _real_config(dataset, train_split="train[:640]", train_crop="resize",
-                      flip=False)
+                     flip=False)
   epoch = _take(_train(cfg), 10)
   seen = collections.Counter(_digest(i) for b in epoch for i in b["image"])
-  raw = tfds.load("mnist", data_dir=str(dataset), split="train[:640]",
+  raw = tfds.load(dataset[0], data_dir=dataset[1], split="train[:640]",
                   as_supervised=True, download=False)
   expected = collections.Counter(
       hashlib.sha1(image[..., 0].tobytes()).hexdigest()
@@ -285,7 +285,7 @@ def test_eval_covers_every_example_once(dataset):
   assert len(batches) == -(-1001 // BATCH)
   masks = np.concatenate([b["mask"] for b in batches])
   np.testing.assert_array_equal(masks, np.arange(len(masks)) < 1001)
-  raw = tfds.load("mnist", data_dir=str(dataset), split="test[:1001]",
+  raw = tfds.load(dataset[0], data_dir=dataset[1], split="test[:1001]",
                   as_supervised=True, download=False)
   expected = collections.Counter(
       (hashlib.sha1(image[..., 0].tobytes()).hexdigest(), int(label))
@@ -315,7 +315,7 @@ def test_two_processes_partition_the_eval_split(dataset, cache):
 
 def test_two_processes_train_on_disjoint_shards(dataset):
   cfg = _real_config(dataset, train_split="train[:256]", train_crop="resize",
-                      flip=False)
+                     flip=False)
   shards = [{_digest(i) for b in _take(_train(cfg, process_index=p, process_count=2), 2)
              for i in b["image"]} for p in range(2)]
   assert len(shards[0]) == len(shards[1]) == 128 and not shards[0] & shards[1]
