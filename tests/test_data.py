@@ -5,6 +5,7 @@ import hashlib
 import os
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -341,7 +342,8 @@ def test_image_folder_skips_bad_images_and_reports_them(tmp_path, caplog):
   assert (info.num_train_examples, info.num_eval_examples) == (12, 10)
   assert sorted(os.path.basename(p) for p in info.skipped_images) == [
       "broken.png", "truncated.jpg"]
-  assert "broken.png" in caplog.text and "Skipping 1 undecodable" in caplog.text
+  assert "broken.png" in caplog.text and "Skipping 1 file(s)" in caplog.text
+  assert "1 undecodable" in caplog.text
 
   batches = [jax.tree.map(np.asarray, b) for b in data.eval_iterator(
       cfg, global_batch_size=8, sharding=_sharding())]
@@ -367,6 +369,68 @@ def test_image_folder_split_must_exist(tmp_path):
   cfg.update(name=str(tmp_path), eval_split="val")
   with pytest.raises(ValueError, match=r"data.eval_split='val'.*not a sub-folder"):
     data.dataset_info(cfg)
+
+
+def _folder_config(root, **kw):
+  cfg = data.get_data_config()
+  cfg.update(name=str(root), image_size=16, **kw)
+  return cfg
+
+
+def test_image_folder_empty_class_folder_is_an_error(tmp_path):
+  _write_folder(tmp_path)
+  os.makedirs(tmp_path / "train" / "emu")
+  os.makedirs(tmp_path / "test" / "emu")
+  with pytest.raises(ValueError, match=r"class folders of the splits differ: test/emu \(empty\), "
+                     r"train/emu \(empty\).*data.allow_class_mismatch=True"):
+    data.dataset_info(_folder_config(tmp_path))
+
+
+def test_image_folder_class_only_in_test_is_an_error_unless_allowed(tmp_path, caplog):
+  _write_folder(tmp_path)
+  os.makedirs(tmp_path / "test" / "emu")
+  (tmp_path / "test" / "emu" / "0.png").write_bytes(
+      tf.io.encode_png(np.zeros((8, 8, 3), np.uint8)).numpy())
+  with pytest.raises(ValueError, match=r"test/emu \(not in train\).*allow_class_mismatch"):
+    data.dataset_info(_folder_config(tmp_path))
+
+  cfg = _folder_config(tmp_path, allow_class_mismatch=True)
+  info = data.dataset_info(cfg)
+  assert info.class_names == ("cat", "dog") and info.num_eval_examples == 10
+  assert [os.path.relpath(p, tmp_path) for p in info.skipped_images] == ["test/emu/0.png"]
+  assert "test/emu (not in train)" in caplog.text and "1 of a class not in 'train'" in caplog.text
+  assert _take(_train(cfg), 1)[0]["image"].shape == (BATCH, 16, 16, 3)
+  cfg = ml_collections.ConfigDict({**cfg.to_dict(), "allow_class_mismatch": 1})
+  with pytest.raises(ValueError, match=r"data.allow_class_mismatch=1: must be True or False"):
+    data.dataset_info(cfg)
+
+
+def test_image_folder_reads_every_format_tf_decodes_and_reports_the_rest(tmp_path, caplog):
+  from PIL import Image
+  _write_folder(tmp_path)
+  image = Image.fromarray(np.random.default_rng(1).integers(0, 256, (16, 16, 3), np.uint8))
+  for fmt in ("bmp", "gif", "webp", "tif"):
+    image.save(tmp_path / "train" / "cat" / f"extra.{fmt}")
+  image.save(tmp_path / "train" / "stray.png")  # Not in a class folder.
+  cfg = _folder_config(tmp_path, on_bad_image="skip")
+  info = data.dataset_info(cfg)
+  assert info.num_train_examples == 12 + 3  # .bmp, .gif, .webp; TF decodes no TIFF.
+  assert sorted(os.path.basename(p) for p in info.skipped_images) == ["extra.tif", "stray.png"]
+  assert "Skipping 2 file(s)" in caplog.text and "1 undecodable (e.g. " in caplog.text
+  assert "1 not in a class folder (e.g. " in caplog.text
+  labels = np.concatenate([b["label"][b["mask"] > 0] for b in data.eval_iterator(
+      _folder_config(tmp_path, on_bad_image="skip", eval_split="train"), global_batch_size=8,
+      sharding=_sharding())])
+  assert collections.Counter(labels.tolist()) == {0: 9, 1: 6}
+
+
+def test_image_folder_split_with_no_decodable_image_is_named_empty(tmp_path):
+  _write_folder(tmp_path)
+  for path in (tmp_path / "train").glob("*/*"):
+    path.write_bytes(b"not an image")
+  with pytest.raises(ValueError, match=r"data.train_split='train': split folder .*/train is "
+                     r"empty: no decodable images \(12 file\(s\) skipped\)"):
+    data.dataset_info(_folder_config(tmp_path, on_bad_image="skip"))
 
 
 @pytest.mark.parametrize("cache,randaug", [(True, 0), (False, 0), (True, 2)],

@@ -36,7 +36,7 @@ def load_images(source: str, split: str = "test", data_dir: str | None = None,
     return images, [os.path.basename(f) for f in files], None
   if any(c in source for c in "*?[") or source.lower().endswith(IMAGE_SUFFIXES):
     raise FileNotFoundError(f"No image files match {source!r}.")
-  src = sources.get_source(source, data_dir, download, "skip")
+  src = sources.get_source(source, data_dir, download, "skip", split, True)
   images, captions = [], []
   for ex in src.read(split, 0, 1).take(limit).as_numpy_iterator():
     images.append(pp.decode(ex["image"], src.channels).numpy())

@@ -49,6 +49,9 @@ def get_data_config() -> ml_collections.ConfigDict:
   c.threads = 0  # tf.data threadpool size; 0: half the CPU cores.
   c.prefetch = 2  # Batches prepared ahead of the training step.
   c.on_bad_image = "fail"  # Image folders: 'fail' or 'skip' undecodable files.
+  # Image folders: let splits have different or empty class folders; the train split's
+  # classes are used and files of other classes skipped. False: such folders are an error.
+  c.allow_class_mismatch = False
   return c
 
 
@@ -85,7 +88,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
                          ("randaug_layers", 0)):
     _check(_is_int(cfg[field]) and cfg[field] >= minimum, field, cfg[field],
            f"must be an integer >= {minimum}")
-  for field in ("flip", "cache", "download"):
+  for field in ("flip", "cache", "download", "allow_class_mismatch"):
     _check(isinstance(cfg[field], bool), field, cfg[field], "must be True or False")
   for field in ("inception_area", "value_range"):
     _check(_is_pair(cfg[field]), field, cfg[field], "must be a pair (low, high) with low < high")

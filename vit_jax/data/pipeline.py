@@ -44,13 +44,13 @@ class DatasetInfo:
   num_train_examples: int  # Whole train split, all processes together.
   num_eval_examples: int
   class_names: tuple[str, ...] = ()
-  skipped_images: tuple[str, ...] = ()  # Undecodable files left out.
+  skipped_images: tuple[str, ...] = ()  # Image-folder files left out (see FolderSource).
 
 
 def _source(cfg: ml_collections.ConfigDict) -> sources.Source:
   config_lib.validate(cfg)
-  return sources.get_source(cfg.name, cfg.data_dir, cfg.download,
-                            cfg.on_bad_image)
+  return sources.get_source(cfg.name, cfg.data_dir, cfg.download, cfg.on_bad_image,
+                            cfg.train_split, cfg.allow_class_mismatch)
 
 
 def _meta(source: sources.Source, cfg: ml_collections.ConfigDict,

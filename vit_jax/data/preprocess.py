@@ -14,7 +14,7 @@ import tensorflow as tf
 
 
 def decode(data: tf.Tensor, channels: int) -> tf.Tensor:
-  """Encoded PNG/JPEG/GIF/BMP bytes -> uint8 [H, W, channels]."""
+  """Encoded JPEG/PNG/GIF (its first frame)/BMP/WebP bytes -> uint8 [H, W, channels]."""
   image = tf.io.decode_image(data, channels=channels, expand_animations=False)
   image.set_shape([None, None, channels])
   return image

@@ -9,6 +9,7 @@ import difflib
 import functools
 import math
 import os
+import random
 
 from absl import logging
 import numpy as np
@@ -23,7 +24,7 @@ _HOW_TO_SUPPLY = (
     "directory that holds it (e.g. after `tfds build NAME --data_dir=DIR` on a "
     "machine with network access); set data.download=True to let TFDS download "
     "and prepare it; or set data.name to an image folder laid out as "
-    "ROOT/<split>/<class>/<image>.{jpg,png}.")
+    "ROOT/<split>/<class>/<image>.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,67 +107,122 @@ class TfdsSource:
 
 @dataclasses.dataclass(frozen=True)
 class _Scan:
-  bad: tuple[str, ...]
+  examples: tuple[tuple[str, int], ...]  # (path, label), decodable, in reading order.
+  skipped: tuple[str, ...]
   meta: SplitMeta
 
 
-class FolderSource:
-  """Images in ROOT/<split>/<class>/*.{jpg,jpeg,png}; labels: sorted classes.
+def _list_split(split_dir: str) -> tuple[dict[str, list[str]], list[str]]:
+  """The files under each class folder of a split, and those lying directly in it."""
+  classes, loose = {}, []
+  for name in tf.io.gfile.listdir(split_dir):
+    path = os.path.join(split_dir, name.rstrip("/"))
+    if tf.io.gfile.isdir(path):
+      classes[name.rstrip("/")] = sorted(
+          os.path.join(d, f) for d, _, files in tf.io.gfile.walk(path) for f in files)
+    else:
+      loose.append(path)
+  return classes, sorted(loose)
 
-  Every image of a split is decoded once, up front, so that undecodable files
-  are found before training starts: with on_bad_image='fail' the first is an
-  error naming it, with 'skip' they are all logged and left out of the split.
+
+class FolderSource:
+  """Images in ROOT/<split>/<class>/, any format TF decodes; labels: sorted classes.
+
+  The class folders of `class_split` (the train split) are the classes; every split
+  must have the same ones, none empty, unless allow_class_mismatch. Every image of a
+  split is decoded once, up front, so that undecodable files are found before training
+  starts: with on_bad_image='fail' they are an error, with 'skip' they are left out.
+  Whatever is left out is counted and logged with examples.
   """
 
-  def __init__(self, root: str, on_bad_image: str):
+  def __init__(self, root: str, on_bad_image: str, class_split: str = "train",
+               allow_class_mismatch: bool = False):
     self.name = root
     root = os.path.expanduser(root)
     if not tf.io.gfile.isdir(root):
       raise ValueError(f"data.name={self.name!r} is not a directory. "
                        + _HOW_TO_SUPPLY.replace("NAME", "DATASET"))
-    self._builder = tfds.ImageFolder(root)
     self._on_bad_image = on_bad_image
+    self._class_split, self._allow_mismatch = class_split, allow_class_mismatch
+    self._splits = {name.rstrip("/"): _list_split(os.path.join(root, name))
+                    for name in sorted(tf.io.gfile.listdir(root))
+                    if tf.io.gfile.isdir(os.path.join(root, name))}
     self._scans: dict[str, _Scan] = {}
-    self.class_names = tuple(self._builder.info.features["label"].names)
     self.channels = 3
 
-  def _images(self, split: str) -> tf.data.Dataset:
-    return self._builder.as_dataset(
-        split=split, decoders={"image": tfds.decode.SkipDecoding()})
+  def _check_split(self, split: str) -> None:
+    if split not in self._splits:
+      raise ValueError(
+          f"{split!r} is not a sub-folder of {self.name} (found: "
+          f"{sorted(self._splits)}); expected images in "
+          f"{os.path.join(self.name, split)}/<class>/")
+
+  @functools.cached_property
+  def class_names(self) -> tuple[str, ...]:
+    self._check_split(self._class_split)
+    names = tuple(sorted(self._splits[self._class_split][0]))
+    differences = []
+    for split, (classes, _) in self._splits.items():
+      differences += [f"{split}/{c} (not in {self._class_split})"
+                      for c in sorted(set(classes) - set(names))]
+      differences += [f"{split}/{c} (missing)" for c in names if c not in classes]
+      differences += [f"{split}/{c} (empty)" for c, files in classes.items() if not files]
+    if differences and not self._allow_mismatch:
+      raise ValueError(
+          f"data.name={self.name!r}: the class folders of the splits differ: "
+          f"{', '.join(differences)}. Give every split the same non-empty class folders, "
+          "or set data.allow_class_mismatch=True to use those of "
+          f"{self._class_split!r} and skip files of other classes.")
+    if differences:
+      logging.warning("%s: the class folders of the splits differ: %s; using the %d of %r "
+                      "(data.allow_class_mismatch=True).", self.name,
+                      ", ".join(differences), len(names), self._class_split)
+    return names
+
+  def _decodable_shapes(self, paths: list[str]) -> dict[str, tuple[int, ...]]:
+    if not paths:
+      return {}
+    # Dataset.ignore_errors drops exactly the files that cannot be read or decoded.
+    ds = tf.data.Dataset.from_tensor_slices(paths).map(
+        lambda p: (p, tf.shape(preprocess.decode(tf.io.read_file(p), self.channels))),
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+    return {p.decode(): tuple(s) for p, s in ds.ignore_errors().as_numpy_iterator()}
 
   def _scan(self, split: str) -> _Scan:
     if split in self._scans:
       return self._scans[split]
-    if split not in self._builder.info.splits:
-      raise ValueError(
-          f"{split!r} is not a sub-folder of {self.name} (found: "
-          f"{sorted(self._builder.info.splits)}); expected images in "
-          f"{os.path.join(self.name, split)}/<class>/*.{{jpg,png}}")
-    ds = self._images(split)
-    paths = [p.decode() for p in ds.map(
-        lambda ex: ex["image/filename"]).as_numpy_iterator()]
-    # Dataset.ignore_errors drops exactly the files that fail to decode.
-    decodable = ds.map(
-        lambda ex: (ex["image/filename"],
-                    tf.shape(preprocess.decode(ex["image"], self.channels))),
-        num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-    shapes = {p.decode(): tuple(s)
-              for p, s in decodable.ignore_errors().as_numpy_iterator()}
-    bad = tuple(p for p in paths if p not in shapes)
+    self._check_split(split)
+    labels = {c: i for i, c in enumerate(self.class_names)}
+    classes, loose = self._splits[split]
+    examples = [(p, labels[c]) for c in sorted(classes) if c in labels for p in classes[c]]
+    random.Random(split).shuffle(examples)  # As tfds.ImageFolder: classes mixed when streamed.
+    shapes = self._decodable_shapes([p for p, _ in examples])
+    bad = [p for p, _ in examples if p not in shapes]
+    split_dir = os.path.join(self.name, split)
     if bad and self._on_bad_image == "fail":
       raise ValueError(
-          f"Cannot decode image {bad[0]} ({len(bad)} undecodable in "
-          f"{os.path.join(self.name, split)}). Replace or delete it, or set "
-          "data.on_bad_image='skip' to leave such files out.")
-    if bad:
-      logging.warning("Skipping %d undecodable image(s) in %s: %s", len(bad),
-                      os.path.join(self.name, split), ", ".join(bad))
+          f"Cannot decode image {bad[0]} ({len(bad)} undecodable in {split_dir}). "
+          "Replace or delete it, or set data.on_bad_image='skip' to leave such files out.")
+    left_out = {"undecodable": bad, "not in a class folder": loose,
+               f"of a class not in {self._class_split!r}": [
+                   p for c in sorted(classes) if c not in labels for p in classes[c]]}
+    parts = [f"{len(paths)} {why} (e.g. {', '.join(paths[:5])})"
+             for why, paths in left_out.items() if paths]
+    skipped = tuple(p for paths in left_out.values() for p in paths)
+    if parts:
+      logging.warning("Skipping %d file(s) of %s: %s.", len(skipped), split_dir,
+                      "; ".join(parts))
+    examples = tuple((p, label) for p, label in examples if p in shapes)
+    if not examples:
+      raise ValueError(
+          f"split folder {split_dir} is empty: no decodable images ({len(skipped)} "
+          f"file(s) skipped). Put images in {split_dir}/<class>/, or choose another split.")
     distinct = set(shapes.values())
     meta = SplitMeta(
-        num_examples=len(shapes),
+        num_examples=len(examples),
         image_shape=distinct.pop() if len(distinct) == 1 else None,
-        num_bytes=sum(tf.io.gfile.stat(p).length for p in shapes))
-    self._scans[split] = _Scan(bad, meta)
+        num_bytes=sum(tf.io.gfile.stat(p).length for p, _ in examples))
+    self._scans[split] = _Scan(examples, skipped, meta)
     return self._scans[split]
 
   def meta(self, split: str) -> SplitMeta:
@@ -178,27 +234,26 @@ class FolderSource:
 
   def read(self, split: str, process_index: int,
            process_count: int) -> tf.data.Dataset:
-    bad = self._scan(split).bad
-    ds = self._images(split)
-    if bad:
-      bad_paths = tf.constant(bad)
-      ds = ds.filter(
-          lambda ex: ~tf.reduce_any(tf.equal(ex["image/filename"], bad_paths)))
-    ds = ds.shard(process_count, process_index)  # Files i, i+n, i+2n, ...
-    return ds.map(lambda ex: {"image": ex["image"], "label": ex["label"]})
+    shard = self._scan(split).examples[process_index::process_count]  # i, i+n, ...
+    paths = tf.constant([p for p, _ in shard], tf.string)
+    labels = tf.constant([label for _, label in shard], tf.int64)
+    return tf.data.Dataset.from_tensor_slices((paths, labels)).map(
+        lambda p, label: {"image": tf.io.read_file(p), "label": label},
+        num_parallel_calls=tf.data.AUTOTUNE)
 
   def skipped_images(self, split: str) -> tuple[str, ...]:
-    return self._scan(split).bad
+    return self._scan(split).skipped
 
 
 Source = TfdsSource | FolderSource
 
 
 @functools.lru_cache(maxsize=None)
-def get_source(name: str, data_dir: str | None, download: bool,
-               on_bad_image: str) -> Source:
+def get_source(name: str, data_dir: str | None, download: bool, on_bad_image: str,
+               class_split: str = "train", allow_class_mismatch: bool = False) -> Source:
+  """`on_bad_image`, `class_split` and `allow_class_mismatch`: see FolderSource."""
   if is_folder(name):
-    return FolderSource(name, on_bad_image)
+    return FolderSource(name, on_bad_image, class_split, allow_class_mismatch)
   return TfdsSource(name, data_dir, download)
 
 

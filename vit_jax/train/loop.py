@@ -54,9 +54,10 @@ def build_model(c: ml_collections.ConfigDict, num_classes: int) -> models.Vision
                              dtype=jnp.dtype(c.dtype), **_model_overrides(c))
 
 
-# Data fields that change no batch: where the data lives, how it is read, what is evaluated.
+# Data fields that change no batch: where the data lives, how it is read, what is evaluated
+# (allow_class_mismatch only lets a run start; the train split's files are read either way).
 _DATA_FIELDS_OFF_TRAJECTORY = ("data_dir", "download", "eval_split", "cache", "cache_max_mb",
-                               "threads", "prefetch", "on_bad_image")
+                               "threads", "prefetch", "on_bad_image", "allow_class_mismatch")
 
 
 def _jsonable(tree: Any) -> Any:
