@@ -13,7 +13,7 @@ LAYERS = (
     ("config_errors",),
     ("models", "data", "losses"),
     ("checkpoint",),
-    ("evaluators",),
+    ("evaluators", "serving"),
     ("train",),
     ("main", "fewshot", "export", "zoo", "explore"),  # Command-line entry points, notebook support.
 )
