@@ -71,6 +71,7 @@ setuptools.setup(
             "vit-train=vit_jax.main:run",
             "vit-fewshot=vit_jax.fewshot:run",
             "vit-export=vit_jax.export:run",
+            "vit-predict=vit_jax.predict:run",
             "vit-zoo=vit_jax.zoo:run",
         ],
     },

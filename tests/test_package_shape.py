@@ -15,7 +15,7 @@ LAYERS = (
     ("checkpoint",),
     ("evaluators", "serving"),
     ("train",),
-    ("main", "fewshot", "export", "zoo", "explore"),  # Command-line entry points, notebook support.
+    ("main", "fewshot", "export", "predict", "zoo", "explore"),  # Command-line entry points, notebook support.
 )
 LAYER_OF = {part: i for i, parts in enumerate(LAYERS) for part in parts}
 MODULES = sorted(p for p in (REPO / "vit_jax").rglob("*.py"))

@@ -2,6 +2,7 @@
 as the input pipeline decodes them, resized to the model's resolution, as uint8."""
 import glob
 import os
+import re
 from collections.abc import Iterable
 
 import numpy as np
@@ -47,7 +48,9 @@ def read_image(path: str, size: int) -> np.ndarray:
     image = pp.decode(tf.io.read_file(path), 3)
   except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError,
           tf.errors.PermissionDeniedError, tf.errors.FailedPreconditionError) as e:
-    raise ValueError(e.message.strip().splitlines()[0]) from None
+    # "{{function_node __wrapped__DecodeImage...}} Unknown image file format. ... [Op:...]"
+    message = re.sub(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:.*", "", e.message, flags=re.S)
+    raise ValueError(message.strip() or type(e).__name__) from None
   if image.shape[0] == 0 or image.shape[1] == 0:
     raise ValueError("the image is empty")
   return to_uint8(pp.resize(image, size)).numpy()
