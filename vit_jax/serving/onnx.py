@@ -1,11 +1,14 @@
 """A TFLite model of `tflite` as ONNX, through tf2onnx, with the serving signature's names.
 
-ONNX comes from the TFLite model because no converter reads what jax2tf writes now:
-tf2onnx has no handler for `XlaCallModule` (jax2tf in jax 0.10 serializes only natively),
-and jax2onnx (0.17) pins orbax-checkpoint below the release this project uses and does not
-reproduce the hybrid's logits to 1e-4. The TFLite model holds only builtin ops, which
-tf2onnx converts one for one, but for one: see `_unsorted_segment_prod`. `onnx` and
-`tf2onnx` come with the export extra.
+ONNX comes from the TFLite model because neither converter takes the model more directly:
+- tf2onnx (1.17) has no handler for `XlaCallModule`, the one op jax2tf (jax 0.10, native
+  serialization only) writes into the SavedModel: "pass1 convert failed ... XlaCallModule".
+- jax2onnx (0.17.1) requires orbax-checkpoint < 0.11.37 (this project: 0.12) and gets the
+  hybrids wrong: its patch of flax.linen.Conv reads the kernel from the variables,
+  bypassing StdConv's weight standardisation (checked here: the root conv's output off by
+  up to 29, a tiny hybrid's logits by 9e-3).
+The TFLite model holds only builtin ops, which tf2onnx converts one for one, but for one:
+see `_unsorted_segment_prod`. `onnx` and `tf2onnx` come with the export extra.
 """
 import numpy as np
 
