@@ -9,7 +9,8 @@ through its serving signature (preprocessing and all): JAX `jit(model.apply)` on
 default device, the SavedModel in TensorFlow, ONNX in onnxruntime (CPU), TFLite in LiteRT.
 Each figure is the median over `--repeats` runs of `--steps` calls after `--warmup` calls,
 with every framework at its default thread count. The report also gives each format's
-max |logit difference| from JAX on that batch.
+max |logit difference| from JAX on that batch, and the seconds each export step took
+(SavedModel; TFLite from it; ONNX from the TFLite model).
 """
 import argparse
 import json
