@@ -10,11 +10,22 @@ ONNX comes from the TFLite model because neither converter takes the model more 
 The TFLite model holds only builtin ops, which tf2onnx converts one for one, but for one:
 see `_unsorted_segment_prod`. `onnx` and `tf2onnx` come with the export extra.
 """
+import importlib
+
 import numpy as np
 
 from vit_jax.serving import savedmodel, tflite
 
 OPSET = 17
+
+
+def _require(module: str):
+  """Imports one of the export extra's packages, or says how to install them."""
+  try:
+    return importlib.import_module(module)
+  except ImportError as e:
+    raise ImportError(f"ONNX export and inference need {module.split('.')[0]}: "
+                      "pip install 'vit_jax[export]'.") from e
 
 
 def _signature_names(tflite_file: str) -> dict[str, str]:
@@ -64,8 +75,7 @@ def _unsorted_segment_prod(ctx, node, name, args) -> None:
 
 def from_tflite(tflite_file: str, out_file: str, opset: int = OPSET) -> str:
   """Converts `tflite_file` (float32, from `tflite.from_savedmodel`) to `out_file`."""
-  import onnx
-  from tf2onnx import convert
+  onnx, convert = _require("onnx"), _require("tf2onnx.convert")
   model, _ = convert.from_tflite(
       tflite_file, opset=opset,
       custom_op_handlers={"UnsortedSegmentProd": (_unsorted_segment_prod, [])})
@@ -82,7 +92,7 @@ def from_tflite(tflite_file: str, out_file: str, opset: int = OPSET) -> str:
 
 def session(onnx_file: str, num_threads: int | None = None):
   """An onnxruntime CPU session; run it with session.run(None, {"images": uint8 array})."""
-  import onnxruntime as ort
+  ort = _require("onnxruntime")
   options = ort.SessionOptions()
   if num_threads:
     options.intra_op_num_threads = num_threads
