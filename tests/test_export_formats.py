@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import TINY_SERVING_MODELS, run_cli, tiny_serving_checkpoint
-from vit_jax import checkpoint
+from helpers import TINY_SERVING_MODELS, run_cli, tiny_config, tiny_serving_checkpoint
+from vit_jax import checkpoint, export
 from vit_jax.serving import convert, images, onnx, runners, savedmodel, tflite
 
 # Max |logit difference| from JAX's, float32 throughout.
@@ -131,3 +131,17 @@ def test_export_cli_writes_each_format(tmp_path, digits_folder):
   r = run_cli([sys.executable, "-m", "vit_jax.export", path, str(tmp_path / "x.npz"), "--model",
                "ViT-Ti_16"])
   assert r.returncode == 2 and "--model and --image_size apply to the serving formats" in r.stderr
+
+
+@pytest.mark.slow
+def test_a_training_run_exports_from_its_workdir_and_step_dir(tmp_path, dataset, digits_folder):
+  from vit_jax.train import loop
+  loop.train_and_evaluate(tiny_config(dataset, total_steps=2), str(tmp_path / "run"))
+  files = sorted(glob.glob(os.path.join(digits_folder, "test", "*", "*.png")))[:7]
+  for path, fmt, out in ((tmp_path / "run", "savedmodel", tmp_path / "saved_model"),
+                         (tmp_path / "run" / "checkpoints" / "2", "tflite", tmp_path / "m.tflite")):
+    loaded = export.export_serving(str(path), str(out), fmt)
+    assert loaded.model.name_in_registry == "ViT-Ti_16" and loaded.image_size == 28
+    batch = np.stack([images.read_image(f, 28) for f in files])
+    diff = np.abs(runners.open_model(str(out))(batch) - jax_logits(loaded, batch)).max()
+    assert diff <= TOLERANCE[fmt], (fmt, diff)
