@@ -35,7 +35,14 @@ INSTALL_REQUIRES = [
     "tqdm",
 ]
 
+# Serving outside JAX (vit_jax.serving, `python -m vit_jax.export --format`): the SavedModel
+# needs only TensorFlow; ONNX comes from the TFLite model through tf2onnx, whose
+# UnsortedSegmentProd handler vit_jax/serving/onnx.py replaces (1.17 tested), and is run
+# with onnxruntime; LiteRT is the TFLite interpreter now that tf.lite.Interpreter is deprecated.
+EXPORT = ["tf2onnx>=1.17", "onnx", "onnxruntime", "ai-edge-litert"]
+
 EXTRAS = {
+    "export": EXPORT,
     "test": [
         "pytest",
         "scikit-learn",
@@ -48,6 +55,8 @@ EXTRAS = {
         "torch>=2.14",
         "torchvision>=0.29",
         "timm",
+        # The serving formats are tested against JAX.
+        *EXPORT,
     ],
     # JAX for NVIDIA GPUs: CUDA 13 needs driver 580 or newer; CUDA 12 runs on 525 and newer
     # (Colab's GPU runtimes had 550 in 2025). The notebooks' install cell picks by driver.
@@ -71,6 +80,7 @@ setuptools.setup(
             "vit-train=vit_jax.main:run",
             "vit-fewshot=vit_jax.fewshot:run",
             "vit-export=vit_jax.export:run",
+            "vit-predict=vit_jax.predict:run",
             "vit-zoo=vit_jax.zoo:run",
             "vit-inspect=vit_jax.inspect:run",
         ],

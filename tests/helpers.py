@@ -123,3 +123,28 @@ def big_vision_layout(flat, scanned: bool):
       flat[f"Transformer/encoderblock/{rest}"] = np.stack(
           [flat.pop(f"Transformer/{b}/{rest}") for b in blocks])
   return {f"params/{k}": v for k, v in flat.items()}
+
+
+# Tiny models for the serving tests: a plain ViT and a hybrid (ResNet root + ViT), each
+# (registry name, input size, overrides).
+TINY_SERVING_MODELS = {
+    "plain": ("ViT-Ti_16", 32, dict(patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2,
+                                     num_layers=1)),
+    "hybrid": ("R+ViT-Ti_16", 64, dict(hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1)),
+}
+
+
+def tiny_serving_checkpoint(path, kind: str, num_classes: int = 10, seed: int = 0) -> str:
+  """A tiny model of TINY_SERVING_MODELS with random params (the head too, so that the
+  logits differ by image and class), written as a released-layout .npz; returns the path."""
+  import jax
+  import jax.numpy as jnp
+  from vit_jax import checkpoint, models
+  name, size, overrides = TINY_SERVING_MODELS[kind]
+  model = models.create_model(name, num_classes=num_classes, **overrides)
+  params = model.init(jax.random.key(seed), jnp.zeros((1, size, size, 3)), train=False)["params"]
+  head = params["head"]["kernel"]
+  params["head"] = {"kernel": jax.random.normal(jax.random.key(seed + 1), head.shape) * 0.5,
+                    "bias": jax.random.normal(jax.random.key(seed + 2), (num_classes,)) * 0.1}
+  checkpoint.save_npz(str(path), params)
+  return str(path)

@@ -50,3 +50,18 @@ def test_rows_give_mfu_and_ratio_to_timm_compile():
   assert rows[("vit_jax", "infer")]["mfu"] == pytest.approx(1000 * 1e9 / 1e12)
   assert rows[("timm_compile", "infer")]["ratio_to_timm_compile"] == 1.0
   assert "timm_compile" in throughput._table(list(rows.values()))
+
+
+def test_serving_benchmark_runs_every_format(tmp_path):
+  import serving
+  out = tmp_path / "serving.json"
+  report = serving.main(["--model", "ViT-Ti_16", "--image_size", "32", "--num_layers", "1",
+                         "--num_classes", "10", "--batch_size", "3", "--warmup", "0", "--steps",
+                         "1", "--repeats", "1", "--json_out", str(out)])
+  assert json.loads(out.read_text())["results"] == report["results"]
+  rows = {r["format"]: r for r in report["results"]}
+  assert list(rows) == ["jax", "savedmodel", "onnx", "tflite"]
+  assert rows["jax"]["ratio_to_jax"] == 1.0 and rows["jax"]["export_s"] is None
+  for fmt, r in rows.items():
+    assert r["img_per_s"] > 0 and r["max_abs_logit_diff_vs_jax"] < 1e-3, (fmt, r)
+  assert {"jax", "onnxruntime", "tf2onnx"} <= set(report["versions"])

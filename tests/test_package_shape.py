@@ -13,11 +13,11 @@ LAYERS = (
     ("config_errors",),
     ("models", "data", "losses"),
     ("checkpoint",),
-    ("evaluators",),
+    ("evaluators", "serving"),
     ("train",),
     ("explore",),  # Notebook and `inspect` support: what the analyses compute ...
     ("figures",),  # ... and how they are drawn.
-    ("main", "fewshot", "export", "zoo", "inspect"),  # Command-line entry points.
+    ("main", "fewshot", "export", "predict", "zoo", "inspect"),  # Command-line entry points.
 )
 LAYER_OF = {part: i for i, parts in enumerate(LAYERS) for part in parts}
 MODULES = sorted(p for p in (REPO / "vit_jax").rglob("*.py"))

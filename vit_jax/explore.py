@@ -17,8 +17,8 @@ from etils import epath
 from vit_jax import checkpoint, models
 from vit_jax.data import preprocess as pp
 from vit_jax.data import sources
-
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
+from vit_jax.serving.images import IMAGE_SUFFIXES
+from vit_jax.serving.labels import label_names, top_k  # noqa: F401 (the notebook's names)
 
 
 def load_images(source: str, split: str = "test", data_dir: str | None = None,
@@ -58,28 +58,6 @@ def predict(ckpt: checkpoint.Loaded, batch: np.ndarray) -> tuple[np.ndarray, lis
   logits, aux = jax.jit(lambda params, x: ckpt.model.apply(
       {"params": params}, x, return_attention=True))(ckpt.params, batch)
   return np.asarray(logits), [np.asarray(a) for a in aux["attention"]]
-
-
-def label_names(num_classes: int, labels_file: str | None = None,
-                dataset_names: Sequence[str] | None = None) -> list[str]:
-  """Class names from a file (one per line), else the dataset's if the counts agree."""
-  if labels_file:
-    names = epath.Path(labels_file).read_text().splitlines()
-    if len(names) != num_classes:
-      raise ValueError(f"{labels_file} names {len(names)} classes; the model has {num_classes}.")
-    return names
-  if dataset_names is not None and len(dataset_names) == num_classes:
-    return list(dataset_names)
-  return [f"class {i}" for i in range(num_classes)]
-
-
-def top_k(logits: np.ndarray, names: Sequence[str], k: int = 5,
-          sigmoid: bool = False) -> list[list[tuple[str, float]]]:
-  """Per image, the k most likely (name, probability); sigmoid for models trained with
-  sigmoid cross-entropy (the ImageNet-21k checkpoints), else softmax."""
-  probs = np.asarray(jax.nn.sigmoid(logits) if sigmoid else jax.nn.softmax(logits, axis=-1))
-  order = np.argsort(-probs, axis=-1)[:, :k]
-  return [[(names[j], float(p[j])) for j in row] for p, row in zip(probs, order)]
 
 
 def attention_rollout(attention: Sequence[np.ndarray]) -> np.ndarray:

@@ -285,7 +285,9 @@ class VisionTransformer(nn.Module):
   def _pool(self, encoded: jnp.ndarray) -> jnp.ndarray:
     """The tokens to one vector: the class token, their mean, or attention pooling."""
     if self.classifier == "token":
-      return encoded[:, 0]
+      # Not encoded[:, 0]: with a symbolic batch (jax2tf, jax.export) that indexing becomes a
+      # dynamic gather, which the TFLite converter cannot lower; this is a plain slice.
+      return jax.lax.index_in_dim(encoded, 0, axis=1, keepdims=False)
     if self.classifier == "gap":
       return jnp.mean(encoded, axis=1)
     return MAPHead(self.mlp_dim, self.num_heads, self.dtype, self.attention_impl,

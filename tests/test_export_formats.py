@@ -1,0 +1,147 @@
+"""Serving formats (vit_jax.serving, `python -m vit_jax.export --format`): a SavedModel
+through jax2tf, TFLite from it, ONNX from that, each giving JAX's logits on real images
+(scikit-learn's digits) for a plain ViT and a hybrid, at batch sizes 1 and 7."""
+import glob
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import TINY_SERVING_MODELS, run_cli, tiny_config, tiny_serving_checkpoint
+from vit_jax import checkpoint, export
+from vit_jax.serving import convert, images, onnx, runners, savedmodel, tflite
+
+# Max |logit difference| from JAX's, float32 throughout.
+TOLERANCE = {"savedmodel": 1e-4, "tflite": 1e-3, "onnx": 1e-4}
+
+
+@pytest.fixture(scope="module", params=sorted(TINY_SERVING_MODELS))
+def exported(request, tmp_path_factory, digits_folder):
+  """(kind, loaded checkpoint, {format: path}, 7 real uint8 images at its resolution)."""
+  kind = request.param
+  tmp = tmp_path_factory.mktemp(f"serving_{kind}")
+  loaded = checkpoint.load(tiny_serving_checkpoint(tmp / "model.npz", kind))
+  paths = {"savedmodel": savedmodel.save(loaded, str(tmp / "saved_model"))}
+  paths["tflite"] = tflite.from_savedmodel(paths["savedmodel"], str(tmp / "model.tflite"))
+  paths["onnx"] = onnx.from_tflite(paths["tflite"], str(tmp / "model.onnx"))
+  files = sorted(glob.glob(os.path.join(digits_folder, "test", "*", "*.png")))[::40][:7]
+  batch = np.stack([images.read_image(f, loaded.image_size) for f in files])
+  return kind, loaded, paths, batch
+
+
+def jax_logits(loaded, batch: np.ndarray) -> np.ndarray:
+  """The reference: the model applied to the input pipeline's preprocessing of `batch`."""
+  from vit_jax.data import preprocess as pp
+  x = pp.value_range(batch, *savedmodel.VALUE_RANGE).numpy()
+  return np.asarray(loaded.model.apply({"params": loaded.params}, x, train=False))
+
+
+@pytest.mark.parametrize("batch_size", [1, 7])
+@pytest.mark.parametrize("fmt", sorted(TOLERANCE))
+def test_format_gives_jax_logits_on_real_images(exported, fmt, batch_size):
+  kind, loaded, paths, batch = exported
+  batch = batch[:batch_size]
+  want = jax_logits(loaded, batch)
+  assert want.std() > 0.1  # Logits that differ by image and class, not a zero head.
+  runner = runners.open_model(paths[fmt])
+  assert (runner.format, runner.image_size, runner.num_classes) == (fmt, loaded.image_size, 10)
+  got = runner(batch)
+  assert got.shape == want.shape == (batch_size, 10)
+  diff = np.abs(got - want).max()
+  assert diff <= TOLERANCE[fmt], f"{kind} {fmt} batch {batch_size}: max |diff| {diff:.2e}"
+  np.testing.assert_allclose(runners.jax_runner(loaded)(batch), want, atol=1e-5, rtol=0)
+
+
+def test_signatures_take_uint8_images_of_any_batch_and_give_logits_and_top5(exported):
+  _, loaded, paths, batch = exported
+  size, want = loaded.image_size, jax_logits(loaded, batch)
+  top5 = np.argsort(-want, axis=-1, kind="stable")[:, :5]
+  serve = savedmodel.load(paths["savedmodel"])
+  spec = serve.structured_input_signature[1][savedmodel.INPUT]
+  assert spec.shape.as_list() == [None, size, size, 3] and spec.dtype.name == "uint8"
+  out = {k: v.numpy() for k, v in serve(images=batch).items()}
+  assert out["top5"].dtype == np.int32
+  np.testing.assert_array_equal(out["top5"], top5)
+  lite = tflite.signature_runner(paths["tflite"])
+  assert list(lite.get_input_details()[savedmodel.INPUT]["shape_signature"]) == [-1, size, size, 3]
+  np.testing.assert_array_equal(lite(images=batch[:3])["top5"], top5[:3])
+  session = onnx.session(paths["onnx"])
+  (inp,), outs = session.get_inputs(), session.get_outputs()
+  assert (inp.name, inp.shape, inp.type) == ("images", ["batch", size, size, 3], "tensor(uint8)")
+  assert [o.name for o in outs] == ["logits", "top5"]
+  np.testing.assert_array_equal(session.run(["top5"], {"images": batch[:2]})[0], top5[:2])
+
+
+def test_runner_names_the_input_it_takes(exported):
+  _, loaded, paths, batch = exported
+  runner = runners.open_model(paths["onnx"])
+  with pytest.raises(ValueError, match=rf"takes uint8 images \(batch, {loaded.image_size}"):
+    runner(batch.astype(np.float32))
+  with pytest.raises(ValueError, match="architecture and resolution are fixed"):
+    runners.open_model(paths["tflite"], image_size=64)
+
+
+def test_onnx_segment_prod_leaves_out_negative_ids(tmp_path):
+  """TFLite computes dynamic reshape targets as unsorted_segment_prod(shape, [-1, -1, 0]):
+  tf2onnx's own handler counted the -1 elements into the last segment."""
+  import tensorflow as tf
+
+  @tf.function(input_signature=[tf.TensorSpec([None, 17, 32], tf.float32)])
+  def target_shape(x):
+    return tf.math.unsorted_segment_prod(tf.shape(x), tf.constant([-1, 0, 1]), 2)
+
+  model = tf.lite.TFLiteConverter.from_concrete_functions(
+      [target_shape.get_concrete_function()], target_shape).convert()
+  (tmp_path / "seg.tflite").write_bytes(model)
+  from tf2onnx import convert as tf2onnx_convert
+  proto, _ = tf2onnx_convert.from_tflite(
+      str(tmp_path / "seg.tflite"), opset=onnx.OPSET,
+      custom_op_handlers={"UnsortedSegmentProd": (onnx._unsorted_segment_prod, [])})
+  import onnxruntime as ort
+  session = ort.InferenceSession(proto.SerializeToString())
+  x = np.zeros((7, 17, 32), np.float32)
+  assert session.run(None, {session.get_inputs()[0].name: x})[0].tolist() == [17, 32]
+  assert target_shape(x).numpy().tolist() == [17, 32]
+
+
+def test_headless_models_and_unknown_formats_are_refused(tmp_path):
+  path = tiny_serving_checkpoint(tmp_path / "model.npz", "plain")
+  with pytest.raises(ValueError, match="no classification head"):
+    savedmodel.serving_module(checkpoint.load(path, head=False))
+  with pytest.raises(ValueError, match="use one of savedmodel, tflite, onnx"):
+    convert.write(checkpoint.load(path), str(tmp_path / "x"), "torchscript")
+
+
+def test_export_cli_writes_each_format(tmp_path, digits_folder):
+  """`python -m vit_jax.export CKPT OUT --format F` end to end, the position embedding
+  resized to another resolution on the way."""
+  path = tiny_serving_checkpoint(tmp_path / "model.npz", "plain")
+  out = tmp_path / "model.onnx"
+  r = run_cli([sys.executable, "-m", "vit_jax.export", path, str(out), "--format", "onnx",
+               "--image_size", "48"])
+  assert r.returncode == 0, r.stderr
+  assert f"Wrote {out} (onnx): " in r.stdout and "48px input" in r.stdout
+  runner = runners.open_model(str(out))
+  assert runner.image_size == 48
+  loaded = checkpoint.load(path, image_size=48)
+  files = sorted(glob.glob(os.path.join(digits_folder, "test", "*", "*.png")))[:3]
+  batch = np.stack([images.read_image(f, 48) for f in files])
+  assert np.abs(runner(batch) - jax_logits(loaded, batch)).max() <= TOLERANCE["onnx"]
+  r = run_cli([sys.executable, "-m", "vit_jax.export", path, str(tmp_path / "x.npz"), "--model",
+               "ViT-Ti_16"])
+  assert r.returncode == 2 and "--model and --image_size apply to the serving formats" in r.stderr
+
+
+@pytest.mark.slow
+def test_a_training_run_exports_from_its_workdir_and_step_dir(tmp_path, dataset, digits_folder):
+  from vit_jax.train import loop
+  loop.train_and_evaluate(tiny_config(dataset, total_steps=2), str(tmp_path / "run"))
+  files = sorted(glob.glob(os.path.join(digits_folder, "test", "*", "*.png")))[:7]
+  for path, fmt, out in ((tmp_path / "run", "savedmodel", tmp_path / "saved_model"),
+                         (tmp_path / "run" / "checkpoints" / "2", "tflite", tmp_path / "m.tflite")):
+    loaded = export.export_serving(str(path), str(out), fmt)
+    assert loaded.model.name_in_registry == "ViT-Ti_16" and loaded.image_size == 28
+    batch = np.stack([images.read_image(f, 28) for f in files])
+    diff = np.abs(runners.open_model(str(out))(batch) - jax_logits(loaded, batch)).max()
+    assert diff <= TOLERANCE[fmt], (fmt, diff)

@@ -1,0 +1,122 @@
+"""Classifies image files with a checkpoint or an exported model; writes a CSV.
+
+python -m vit_jax.predict CKPT IMAGES... [--labels FILE] [--top_k 5] [--out preds.csv]
+    [--batch_size 64] [--sigmoid] [--model NAME] [--image_size N]
+
+CKPT: any checkpoint the project reads (a run's workdir or step dir, an .npz, augreg:NAME;
+run with JAX on whatever device is present), or a model written by `vit_jax.export`: a
+SavedModel folder, a .tflite or an .onnx file. IMAGES: files, globs ('photos/**/*.jpg') or
+folders (searched recursively for .jpg .jpeg .png .gif .bmp .webp). Images are decoded as
+the input pipeline decodes them (grayscale to RGB) and resized to the model's resolution.
+The CSV has one row per image: path, then label_1, prob_1, ... label_k, prob_k (most
+likely first; softmax, or per-class sigmoid with --sigmoid). Without --out it goes to
+stdout. Unreadable images are skipped and listed on stderr and in the summary.
+"""
+import argparse
+import csv
+import os
+import sys
+from collections.abc import Iterator
+
+# TensorFlow's C++ log repeats every unreadable image's error; this command reports them.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tqdm  # noqa: E402
+
+from vit_jax.serving import images as image_files  # noqa: E402
+from vit_jax.serving import labels as label_lib  # noqa: E402
+from vit_jax.serving import runners  # noqa: E402
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(
+      prog="python -m vit_jax.predict", description=__doc__.split("\n\n")[0],
+      epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("checkpoint", metavar="CKPT", help="checkpoint or exported model")
+  parser.add_argument("images", nargs="+", help="image files, globs or folders")
+  parser.add_argument("--labels", default=None, help="class names, one per line")
+  parser.add_argument("--top_k", type=int, default=5)
+  parser.add_argument("--out", default=None, help="CSV file (default: stdout)")
+  parser.add_argument("--batch_size", type=int, default=64)
+  parser.add_argument("--sigmoid", action="store_true",
+                      help="per-class sigmoid probabilities (ImageNet-21k checkpoints)")
+  parser.add_argument("--model", dest="model_name", default=None,
+                      help="registry name of a checkpoint's model (checked against it)")
+  parser.add_argument("--image_size", type=int, default=None,
+                      help="a checkpoint's input resolution (resizes its position embedding)")
+  args = parser.parse_args(argv)
+  if args.top_k < 1 or args.batch_size < 1:
+    parser.error("--top_k and --batch_size must be at least 1.")
+  return args
+
+
+def batches(paths: list[str], size: int, batch_size: int, unreadable: list[str],
+            progress: tqdm.tqdm) -> Iterator[tuple[list[str], np.ndarray]]:
+  """(paths, uint8 images) of up to batch_size readable images; the others are reported
+  on stderr and appended to `unreadable`."""
+  done, images = [], []
+  for path in paths:
+    try:
+      images.append(image_files.read_image(path, size))
+      done.append(path)
+    except ValueError as e:
+      unreadable.append(path)
+      progress.write(f"Skipping unreadable image {path}: {e}", file=sys.stderr)
+    progress.update()
+    if len(done) == batch_size:
+      yield done, np.stack(images)
+      done, images = [], []
+  if done:
+    yield done, np.stack(images)
+
+
+def predict(runner: runners.Runner, paths: list[str], names: list[str], k: int,
+            sigmoid: bool, batch_size: int, writer) -> list[str]:
+  """Writes a row per readable image; returns the unreadable paths."""
+  unreadable = []
+  with tqdm.tqdm(total=len(paths), unit="img", file=sys.stderr,
+                 desc=f"{runner.format} {runner.image_size}px") as progress:
+    for done, batch in batches(paths, runner.image_size, batch_size, unreadable, progress):
+      if runner.format == "jax" and len(batch) < batch_size:  # One compiled shape.
+        batch = np.concatenate([batch, np.zeros((batch_size - len(batch), *batch.shape[1:]),
+                                                np.uint8)])
+      top = label_lib.top_k(runner(batch)[:len(done)], names, k, sigmoid)
+      for path, row in zip(done, top):
+        writer.writerow([path, *[x for name, p in row for x in (name, f"{p:.6f}")]])
+  return unreadable
+
+
+def main(argv: list[str]) -> int:
+  args = parse_args(argv[1:])
+  paths, unmatched = image_files.find_images(args.images)
+  for spec in unmatched:
+    print(f"No images at {spec}", file=sys.stderr)
+  if not paths:
+    print("No image files to classify.", file=sys.stderr)
+    return 2
+  load_kwargs = {k: v for k, v in (("model_name", args.model_name),
+                                   ("image_size", args.image_size)) if v}
+  runner = runners.open_model(args.checkpoint, **load_kwargs)
+  names = label_lib.label_names(runner.num_classes, args.labels)
+  k = min(args.top_k, runner.num_classes)
+  out = open(args.out, "w", newline="") if args.out else sys.stdout
+  try:
+    writer = csv.writer(out)
+    writer.writerow(["path", *[f"{c}_{i}" for i in range(1, k + 1) for c in ("label", "prob")]])
+    unreadable = predict(runner, paths, names, k, args.sigmoid, args.batch_size, writer)
+  finally:
+    if args.out:
+      out.close()
+  print(f"Classified {len(paths) - len(unreadable)} of {len(paths)} images"
+        + (f" into {args.out}" if args.out else "") + f"; {len(unreadable)} unreadable"
+        + "".join(f"\n  {p}" for p in unreadable), file=sys.stderr)
+  return 0 if len(unreadable) < len(paths) else 1
+
+
+def run() -> None:
+  sys.exit(main(sys.argv))
+
+
+if __name__ == "__main__":
+  run()

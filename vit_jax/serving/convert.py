@@ -1,0 +1,26 @@
+"""One call from a loaded checkpoint to any serving format: SavedModel, TFLite, ONNX.
+
+TFLite is converted from the SavedModel and ONNX from the TFLite model (see `onnx`); the
+steps between are written to a temporary folder and removed.
+"""
+import tempfile
+
+from vit_jax import checkpoint
+from vit_jax.serving import savedmodel, tflite
+
+FORMATS = ("savedmodel", "tflite", "onnx")
+
+
+def write(loaded: checkpoint.Loaded, out: str, fmt: str, **kwargs) -> str:
+  """Writes `loaded` as `fmt` to `out` (a folder for a SavedModel, else a file); `kwargs`
+  go to savedmodel.serving_module (value_range, platforms). Returns `out`."""
+  if fmt not in FORMATS:
+    raise ValueError(f"Unknown serving format {fmt!r}: use one of {', '.join(FORMATS)}.")
+  if fmt == "savedmodel":
+    return savedmodel.save(loaded, out, **kwargs)
+  with tempfile.TemporaryDirectory(prefix="vit_jax_export_") as tmp:
+    saved = savedmodel.save(loaded, f"{tmp}/saved_model", **kwargs)
+    if fmt == "tflite":
+      return tflite.from_savedmodel(saved, out)
+    from vit_jax.serving import onnx
+    return onnx.from_tflite(tflite.from_savedmodel(saved, f"{tmp}/model.tflite"), out)

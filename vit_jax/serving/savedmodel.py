@@ -1,0 +1,70 @@
+"""A loaded checkpoint as a TensorFlow SavedModel, through `jax.experimental.jax2tf`.
+
+The serving signature takes what a client has, uint8 images (batch, H, W, 3) at the
+model's resolution, any batch size, and returns `logits` (batch, classes) float32 and
+`top5` (batch, 5) int32, the indices of the largest logits. Preprocessing is part of it:
+the input pipeline's own `value_range` op maps [0, 255] to the model's range, (-1, 1).
+
+jax2tf (jax 0.10) serializes natively only: the model becomes one `XlaCallModule` op
+holding a StableHLO program per platform of PLATFORMS, so the SavedModel runs wherever
+TensorFlow runs XLA (CPU, GPU, TPU), and the TFLite converter lowers it to builtin ops.
+The parameters are `tf.Variable`s beside it, so the graph stays small for any model.
+"""
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+import tensorflow as tf
+from etils import epath
+from jax.experimental import jax2tf
+
+from vit_jax import checkpoint
+from vit_jax.data import preprocess as pp
+
+SIGNATURE = "serving_default"
+INPUT = "images"
+OUTPUTS = ("logits", "top5")
+PLATFORMS = ("cpu", "cuda", "tpu")
+VALUE_RANGE = (-1.0, 1.0)  # config.data.value_range's default, which every recipe here keeps.
+
+
+def _check_servable(loaded: checkpoint.Loaded) -> None:
+  if not loaded.model.num_classes:
+    raise ValueError(f"{loaded.source} has no classification head: a served model returns "
+                     "logits, so export a checkpoint with a head (head=True).")
+
+
+def serving_module(loaded: checkpoint.Loaded, value_range: Sequence[float] = VALUE_RANGE,
+                   platforms: Sequence[str] = PLATFORMS) -> tf.Module:
+  """A tf.Module with the params as variables and `serve`, the serving signature."""
+  _check_servable(loaded)
+  size, k = loaded.image_size, min(5, loaded.model.num_classes)
+  apply = jax2tf.convert(
+      lambda params, images: loaded.model.apply({"params": params}, images, train=False),
+      polymorphic_shapes=[None, f"(b, {size}, {size}, 3)"], with_gradient=False,
+      native_serialization_platforms=tuple(platforms))
+  module = tf.Module()
+  module.params = jax.tree.map(lambda x: tf.Variable(np.asarray(x), trainable=False),
+                               loaded.params)
+
+  @tf.function(autograph=False, input_signature=[
+      tf.TensorSpec([None, size, size, 3], tf.uint8, name=INPUT)])
+  def serve(images):
+    logits = apply(module.params, pp.value_range(images, *value_range))
+    return {"logits": logits, "top5": tf.math.top_k(logits, k).indices}
+
+  module.serve = serve
+  return module
+
+
+def save(loaded: checkpoint.Loaded, out_dir: str, **kwargs) -> str:
+  """Writes `loaded` as a SavedModel with the serving signature; returns `out_dir`."""
+  module = serving_module(loaded, **kwargs)
+  epath.Path(out_dir).parent.mkdir(parents=True, exist_ok=True)
+  tf.saved_model.save(module, out_dir, signatures={SIGNATURE: module.serve})
+  return out_dir
+
+
+def load(saved_model_dir: str):
+  """The serving signature of a SavedModel: images=uint8 tensor -> dict of outputs."""
+  return tf.saved_model.load(saved_model_dir).signatures[SIGNATURE]
