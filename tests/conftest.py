@@ -1,10 +1,11 @@
 """Test set-up: 8 simulated CPU devices, set before jax is first imported; shared fixtures."""
 import os
 
-# 8 devices on 2 cores: give a collective longer than XLA's 40 s to gather them on a busy machine.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
-                      "--xla_cpu_collective_call_terminate_timeout_seconds=600")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from vit_jax import cpu_backend  # noqa: E402  (imports no JAX)
+
+cpu_backend.prepare()  # 8 devices whose programs cannot deadlock, before JAX starts.
 
 import pytest  # noqa: E402
 

@@ -70,8 +70,10 @@ def cli(workdir, dataset, *extra, config: str = "tests/tiny_config.py") -> list[
 
 
 def cpu_env(devices: int = 1) -> dict[str, str]:
-  return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-              JAX_PLATFORMS="cpu")
+  """The environment of a subprocess on `devices` CPU devices; it sizes XLA's pool itself."""
+  env = {k: v for k, v in os.environ.items() if k != "NPROC"}
+  return env | {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+                "JAX_PLATFORMS": "cpu"}
 
 
 def run_cli(args, devices: int = 1, **kw) -> subprocess.CompletedProcess:

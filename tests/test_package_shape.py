@@ -10,7 +10,7 @@ from helpers import REPO
 
 # Bottom to top; parts of one layer do not import each other.
 LAYERS = (
-    ("config_errors",),
+    ("config_errors", "cpu_backend"),
     ("models", "data", "losses"),
     ("checkpoint",),
     ("evaluators", "serving"),

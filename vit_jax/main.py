@@ -7,13 +7,13 @@ and --process_id (CPU processes then talk through gloo).
 """
 import importlib.util
 import logging
-import os
 import sys
 
 from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
+from vit_jax import cpu_backend
 from vit_jax.config_errors import ConfigError, check_known
 
 FLAGS = flags.FLAGS
@@ -90,20 +90,12 @@ def parse_flags(argv: list[str]) -> list[str]:
   return rest
 
 
-# XLA aborts a CPU collective whose devices have not all joined within 40 s. With several
-# devices per core on a busy machine that is a slow step, not a deadlock: wait longer.
-CPU_COLLECTIVE_PATIENCE = "--xla_cpu_collective_call_terminate_timeout_seconds=600"
-
-
 def main(argv) -> None:
   del argv
-  if "collective_call_terminate_timeout" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {CPU_COLLECTIVE_PATIENCE}"
   absl_logging.get_absl_handler().addFilter(_QuietLibraries())
-  import jax  # After absl has parsed the flags, so XLA_FLAGS set by users apply.
-
-  if FLAGS.config.get("cpu_devices"):
-    jax.config.update("jax_num_cpu_devices", FLAGS.config.cpu_devices)
+  # Before JAX starts, after absl has parsed the flags (so XLA_FLAGS set by users apply).
+  cpu_backend.prepare(FLAGS.config.get("cpu_devices"))
+  import jax
 
   if FLAGS.coordinator_address or FLAGS.distributed:
     if jax.config.jax_platforms in (None, "", "cpu") and FLAGS.coordinator_address:
