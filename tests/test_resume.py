@@ -18,24 +18,27 @@ def steps_in(workdir) -> list[int]:
   return sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
 
 
-def largest_state_file(step_dir):
-  """The biggest file of a step's saved state: array data, whatever orbax's layout."""
-  return max((p for p in (step_dir / "state").rglob("*") if p.is_file()),
-             key=lambda p: p.stat().st_size)
+def array_data_files(step_dir) -> list:
+  """Every file of a step's saved state that holds array data (OCDBT's `d/` folders), in a
+  fixed order. Orbax reads only the merged `state/d/` files back, not the per-process copies
+  beside them, so damaging just one file could miss what a restore reads."""
+  return sorted(p for p in (step_dir / "state").rglob("*") if p.is_file() and p.parent.name == "d")
 
 
 def damage(step_dir, how: str, rng: random.Random) -> None:
-  target = largest_state_file(step_dir)
-  data = bytearray(target.read_bytes())
-  if how == "bitflip":
-    for _ in range(4):
-      i = rng.randrange(len(data) // 4, len(data))
-      data[i] ^= 1 << rng.randrange(8)
-    target.write_bytes(bytes(data))
-  elif how == "truncate":
-    target.write_bytes(bytes(data[:len(data) // 2]))
-  else:
-    target.unlink()
+  targets = array_data_files(step_dir)
+  assert targets, f"no array data under {step_dir}"
+  for target in targets:
+    data = bytearray(target.read_bytes())
+    if how == "bitflip":
+      for _ in range(4):
+        i = rng.randrange(len(data) // 4, len(data))
+        data[i] ^= 1 << rng.randrange(8)
+      target.write_bytes(bytes(data))
+    elif how == "truncate":
+      target.write_bytes(bytes(data[:len(data) // 2]))
+    else:
+      target.unlink()
 
 
 def losses_by_step(workdir) -> dict[int, float]:

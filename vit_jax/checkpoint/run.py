@@ -25,6 +25,23 @@ def checkpoint_dir(workdir: str | epath.Path) -> epath.Path:
   return epath.Path(workdir) / "checkpoints"
 
 
+def finished_steps(workdir: str | epath.Path) -> list[int]:
+  """The steps saved in full in `workdir`, oldest first (orbax renames a step's folder to its
+  number only once it is written)."""
+  folder = checkpoint_dir(workdir)
+  return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
+
+
+def newest_meta(workdir: str | epath.Path) -> dict[str, Any] | None:
+  """The metadata of the newest step whose metadata reads, without restoring any state."""
+  for step in reversed(finished_steps(workdir)):
+    try:
+      return json.loads((checkpoint_dir(workdir) / str(step) / "meta" / "metadata").read_text())
+    except (OSError, ValueError):
+      continue
+  return None
+
+
 def make_manager(workdir: str | epath.Path, keep: int) -> ocp.CheckpointManager:
   return ocp.CheckpointManager(
       checkpoint_dir(workdir), item_names=ITEMS,
@@ -174,10 +191,10 @@ def latest_step_dir(path: str | epath.Path) -> epath.Path:
   """A workdir's newest finished step directory; a step directory stands for itself."""
   path = epath.Path(path)
   if checkpoint_dir(path).is_dir():
-    steps = [p for p in checkpoint_dir(path).iterdir() if p.name.isdigit()]
+    steps = finished_steps(path)
     if not steps:
       raise CheckpointError(f"{checkpoint_dir(path)} holds no finished checkpoint.")
-    return max(steps, key=lambda p: int(p.name))
+    return checkpoint_dir(path) / str(steps[-1])
   return path
 
 

@@ -47,9 +47,12 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
   # How many XLA devices to split a CPU host into (None: JAX's default, one, or the count in
-  # XLA_FLAGS). One per core runs data parallel across the cores, which beats one device
-  # threading each small op over all of them. Applied by main.py before JAX starts.
+  # XLA_FLAGS), for data parallelism across processes' devices as on an accelerator pod.
+  # Applied by main.py before JAX starts (vit_jax/cpu_backend.py).
   c.cpu_devices = ml_collections.FieldReference(None, field_type=int)
+  # Seconds without a step ending after which the run stops (exit status 1) instead of
+  # hanging; None: 50 median step times, at least 300 s (vit_jax/train/watchdog.py).
+  c.stall_timeout_s = ml_collections.FieldReference(None, field_type=float)
   c.log_every_steps = 50
   c.eval_every_steps = ml_collections.FieldReference(None, field_type=int)  # None: at the end.
   c.checkpoint_every_steps = 1000
@@ -97,6 +100,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
     check(c[key] >= 1, key, c[key], "must be >= 1")
   check(c.cpu_devices is None or c.cpu_devices >= 1, "cpu_devices", c.cpu_devices,
         "must be None or >= 1")
+  check(c.stall_timeout_s is None or c.stall_timeout_s > 0, "stall_timeout_s",
+        c.stall_timeout_s, "must be None (automatic) or > 0 seconds")
   check(c.eval_every_steps is None or c.eval_every_steps >= 1, "eval_every_steps",
         c.eval_every_steps, "must be None or >= 1")
   check(all(l2 > 0 for l2 in c.fewshot.l2), "fewshot.l2", c.fewshot.l2, "values must be > 0")

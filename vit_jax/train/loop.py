@@ -1,10 +1,15 @@
 """The training loop: restore or initialise, build the evaluators, run the steps."""
 import dataclasses
+import functools
+import itertools
 import json
 import logging
+import shlex
 import signal
+import sys
+import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -15,12 +20,12 @@ import orbax.checkpoint as ocp
 from clu import metric_writers, periodic_actions
 from jax.experimental import multihost_utils
 
-from vit_jax import checkpoint, data, models
+from vit_jax import checkpoint, cpu_backend, data, models
 from vit_jax.checkpoint import run
 from vit_jax.evaluators import fewshot_lsr
 from vit_jax.evaluators.classification import ClassificationEvaluator
 from vit_jax.train import config as config_lib
-from vit_jax.train import optimizers, sharding, trainer
+from vit_jax.train import optimizers, sharding, trainer, watchdog
 
 
 class NonFiniteLossError(RuntimeError):
@@ -126,8 +131,7 @@ def _restore_or_init(job: _Job, rng: jax.Array
   else `config.pretrained` or an initialisation), its shardings, and its step."""
   c = job.config
   image_shape = (c.data.image_size, c.data.image_size, 3)
-  has_steps = run.checkpoint_dir(job.workdir).is_dir() and any(
-      p.name.isdigit() for p in run.checkpoint_dir(job.workdir).iterdir())
+  has_steps = bool(run.finished_steps(job.workdir))
   params = None
   if not has_steps and c.pretrained:
     abstract = jax.eval_shape(job.model.init, rng, jnp.zeros((1,) + image_shape))["params"]
@@ -136,7 +140,7 @@ def _restore_or_init(job: _Job, rng: jax.Array
   state, shardings = trainer.init_state(job.model, job.tx, job.mesh, image_shape, rng, params)
   if not has_steps:
     return run.make_manager(job.workdir, c.keep_checkpoints), state, shardings, 0
-  run.check_resumable(_stored_meta(job), job.meta, job.workdir, c.allow_resume_changes)
+  run.check_resumable(run.newest_meta(job.workdir), job.meta, job.workdir, c.allow_resume_changes)
   manager, state, found, start = run.restore_latest(job.workdir, c.keep_checkpoints, state,
                                                     shardings)
   if start:
@@ -149,32 +153,22 @@ def _restore_or_init(job: _Job, rng: jax.Array
   return manager, state, shardings, start
 
 
-def _stored_meta(job: _Job) -> dict[str, Any] | None:
-  """The newest step's metadata, read before any state is restored, so that a changed
-  config is refused before anything is set aside as corrupt."""
-  steps = sorted((int(p.name) for p in run.checkpoint_dir(job.workdir).iterdir()
-                  if p.name.isdigit()), reverse=True)
-  for step in steps:
-    try:
-      return json.loads((run.checkpoint_dir(job.workdir) / str(step) / "meta" / "metadata")
-                        .read_text())
-    except (OSError, ValueError):
-      continue
-  return None
-
-
-def _build_evaluators(job: _Job) -> dict[str, Any]:
-  """Evaluators by metric prefix: `eval` (classification), `fewshot` if configured."""
+def _build_evaluators(job: _Job, dog: watchdog.StallWatchdog) -> dict[str, Any]:
+  """Evaluators by metric prefix: `eval` (classification), `fewshot` if configured; each
+  batch they read is a sign of life for the watchdog."""
   c, model = job.config, job.model
   predict = lambda params, images: model.apply({"params": params}, images)
   evaluators = {"eval": ClassificationEvaluator(
-      predict, lambda: data.eval_iterator(c.data, global_batch_size=job.micro_batch,
-                                          sharding=job.batch_sharding), c.loss)}
+      predict, lambda: dog.beating(data.eval_iterator(
+          c.data, global_batch_size=job.micro_batch, sharding=job.batch_sharding)), c.loss)}
   if c.fewshot.datasets:
     f = c.fewshot
     datasets = fewshot_lsr.fewshot_datasets(f.datasets, f.data_dir, f.train_split, f.test_split,
                                             c.data.image_size, job.micro_batch,
                                             job.batch_sharding)
+    datasets = {name: (lambda train=train: dog.beating(train()),
+                       lambda test=test: dog.beating(test()), classes)
+                for name, (train, test, classes) in datasets.items()}
     evaluators["fewshot"] = fewshot_lsr.FewShotEvaluator(
         fewshot_lsr.representation_fn(model), datasets, f.shots, f.seeds, f.l2)
   return evaluators
@@ -229,19 +223,16 @@ def _evaluate(evaluators: dict[str, Any], params: Any, step: int,
 
 def _run_steps(job: _Job, state: trainer.TrainState, start: int, train_step: Callable,
                batches: Any, evaluators: dict[str, Any], manager: ocp.CheckpointManager,
-               writer: metric_writers.MetricWriter) -> dict[str, float]:
+               writer: metric_writers.MetricWriter,
+               dog: watchdog.StallWatchdog) -> dict[str, float]:
   c, meta = job.config, job.meta
   progress = periodic_actions.ReportProgress(num_train_steps=job.loop_steps, writer=writer,
                                              every_steps=c.log_every_steps)
   log = _TrainMetrics(job, writer, manager.latest_step)
   preemption = _Preemption()
   eval_metrics = {}
-  if start >= job.loop_steps:
-    logging.info("The run in %s is complete (step %d of %d); evaluating its last checkpoint.",
-                 job.workdir, start, job.loop_steps)
-    print(f"The run in {job.workdir} is already complete at step {start}.", flush=True)
-    return _evaluate(evaluators, state.params, start, writer, progress)
   for step in range(start + 1, job.loop_steps + 1):
+    dog.beat(step)
     state, metrics = train_step(state, next(batches))
     log.add(step, metrics)
     progress(step)
@@ -254,6 +245,7 @@ def _run_steps(job: _Job, state: trainer.TrainState, start: int, train_step: Cal
     if step % c.checkpoint_every_steps == 0 or step == job.loop_steps or preempted:
       log.check_finite()
       run.save(manager, step, state, meta)
+      dog.beat()
     if preempted:
       logging.warning("Preempted: saved step %d to %s; rerun the same command to resume.",
                       step, job.workdir)
@@ -261,8 +253,41 @@ def _run_steps(job: _Job, state: trainer.TrainState, start: int, train_step: Cal
   return eval_metrics
 
 
+def _compiled_step(job: _Job, state: trainer.TrainState, shardings: trainer.TrainState,
+                   rng: jax.Array, start: int) -> tuple[Callable, Iterator[Any]]:
+  """The train step compiled ahead of the first call (so that compiling, however long, is not
+  counted as a stalled step), and the batches from step `start` on."""
+  c = job.config
+  train_step = trainer.make_train_step(job.model, job.tx, c.loss, shardings, job.mesh, rng,
+                                       c.label_smoothing)
+  batches = data.train_iterator(c.data, global_batch_size=job.micro_batch,
+                                sharding=job.batch_sharding, seed=c.seed, start_step=start)
+  first = next(batches)
+  return train_step.lower(state, first).compile(), itertools.chain([first], batches)
+
+
+# How long a stalled run waits for a checkpoint in flight to be written before it exits.
+SAVE_WAIT_S = 20.0
+
+
+def _stall_message(job: _Job, manager: ocp.CheckpointManager, step: int, reason: str) -> str:
+  saving = threading.Thread(target=manager.wait_until_finished, daemon=True)
+  saving.start()
+  saving.join(SAVE_WAIT_S)
+  steps = run.finished_steps(job.workdir)
+  saved = f"step {steps[-1]}" if steps else "none yet"
+  return (f"the run in {job.workdir} stalled at step {step}: {reason}. Its last saved "
+          f"checkpoint is {saved}; rerun the same command to resume from it: "
+          f"{shlex.join(sys.orig_argv)}")
+
+
 def train_and_evaluate(c: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Trains (resuming from `workdir` if it holds a checkpoint) and returns final eval metrics."""
+  """Trains (resuming from `workdir` if it holds a checkpoint) and returns final eval metrics.
+
+  A run whose steps stop ending (config.stall_timeout_s) exits the process with status 1.
+  """
+  if jax.default_backend() == "cpu":
+    cpu_backend.check_pool(jax.local_device_count())
   job = _Job.from_config(c, workdir)
   init_rng, dropout_rng = jax.random.split(jax.random.key(c.seed))
   writer = metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
@@ -271,12 +296,19 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir: str) -> dict[str, 
     manager, state, shardings, start = _restore_or_init(job, init_rng)
     if start == 0:
       writer.write_hparams({k: str(v) for k, v in c.to_dict().items()})
-    train_step = trainer.make_train_step(job.model, job.tx, c.loss, shardings, job.mesh,
-                                         dropout_rng, c.label_smoothing)
-    batches = data.train_iterator(c.data, global_batch_size=job.micro_batch,
-                                  sharding=job.batch_sharding, seed=c.seed, start_step=start)
-    evaluators = _build_evaluators(job)
-    return _run_steps(job, state, start, train_step, batches, evaluators, manager, writer)
+    dog = watchdog.StallWatchdog(c.stall_timeout_s,
+                                 functools.partial(_stall_message, job, manager))
+    evaluators = _build_evaluators(job, dog)
+    if start >= job.loop_steps:
+      logging.info("The run in %s is complete (step %d of %d); evaluating its last checkpoint.",
+                   workdir, start, job.loop_steps)
+      print(f"The run in {workdir} is already complete at step {start}.", flush=True)
+      with dog:
+        return _evaluate(evaluators, state.params, start, writer,
+                         periodic_actions.ReportProgress(writer=writer))
+    train_step, batches = _compiled_step(job, state, shardings, dropout_rng, start)
+    with dog:
+      return _run_steps(job, state, start, train_step, batches, evaluators, manager, writer, dog)
   finally:
     if manager is not None:
       manager.close()  # Waits for the last save, then stops orbax's writer and deleter threads.
