@@ -65,3 +65,13 @@ def test_serving_benchmark_runs_every_format(tmp_path):
   for fmt, r in rows.items():
     assert r["img_per_s"] > 0 and r["max_abs_logit_diff_vs_jax"] < 1e-3, (fmt, r)
   assert {"jax", "onnxruntime", "tf2onnx"} <= set(report["versions"])
+
+
+def test_the_stress_script_runs_the_readmes_first_command():
+  import quickstart_stress
+  command = quickstart_stress.readme_command()
+  assert command.startswith("python3 -m venv .venv && ")
+  assert "install -r requirements.lock" in command
+  assert command.endswith("-m vit_jax.main --config configs/quickstart.py "
+                          "--workdir /tmp/vit_quickstart")
+  assert quickstart_stress.workdir_of(command) == "/tmp/vit_quickstart"
