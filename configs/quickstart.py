@@ -17,12 +17,12 @@ def get_config(arg: str | None = None):
   # crops lower); flips would also mirror the shoes, which all point the same way here.
   c.data.train_crop = "resize"
   c.data.flip = False
-  # Measured on 2 idle CPU cores: one device at batch 64 is the fastest setting (~5,300 img/s
-  # for the train step alone, 2 heads; 4 heads ~4,900); two devices of 32 images ~4,500,
-  # batch 128 ~4,000, batch 32 ~5,000.
+  # Measured on 2 idle CPU cores (two VMs: benchmarks/README.md): one device at batch 64 is
+  # the fastest setting (train step alone 3,800-5,300 img/s); two devices, batch 32 or 128,
+  # and bfloat16 are all slower.
   c.batch_size = 64
   c.cpu_devices = 1
-  c.total_epochs = 9  # 89.65% on the test split (README: time from a fresh clone).
+  c.total_epochs = 9  # 89.5-89.7% on the test split (benchmarks/README.md).
   c.warmup_steps = 400
   c.optimizer.update(name="adamw", lr=2e-3, weight_decay=0.1, decay="cosine")
   c.log_every_steps = 500
