@@ -71,6 +71,8 @@ setuptools.setup(
     description="Vision Transformer and hybrid ResNet+ViT in JAX/Flax: models, "
     "checkpoints, training, evaluation.",
     url=URL,
+    # vit_jax.* takes in vit_jax.configs, which `--config NAME` reads from an installed
+    # wheel as from a clone (tests/test_install.py builds one and checks).
     packages=setuptools.find_packages(include=["vit_jax", "vit_jax.*"]),
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,

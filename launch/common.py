@@ -1,12 +1,13 @@
 """What the launch scripts share: checks made before anything starts, and the
 printing (--dry-run) or running of the commands."""
 import argparse
-import ast
 import pathlib
 import shlex
 import subprocess
 import sys
 from typing import Callable, Sequence
+
+from vit_jax import configs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -15,21 +16,14 @@ class LaunchError(ValueError):
   """A bad argument, found before anything was created or started."""
 
 
-def check_config(spec: str) -> tuple[pathlib.Path, str]:
-  """`path.py[:arg]` -> (absolute path, ':arg' or ''), once the file is known to be a config."""
-  path, sep, arg = spec.partition(":")
-  file = pathlib.Path(path).expanduser()
-  if not file.is_file():
-    raise LaunchError(f"--config {spec}: no file {path} (relative to {pathlib.Path.cwd()}); "
-                      "give a config file such as configs/finetune.py:b16,cifar10.")
+def check_config(spec: str) -> tuple[pathlib.Path | None, str]:
+  """Checks a --config spec without running it: (the config file, absolute, or None for a
+  config shipped in vit_jax, which every worker has installed; ':arg' or '')."""
   try:
-    tree = ast.parse(file.read_text(), str(file))
-  except (SyntaxError, UnicodeDecodeError) as e:
-    raise LaunchError(f"--config {spec}: {path} is not a readable Python file: {e}") from None
-  if not any(isinstance(n, ast.FunctionDef) and n.name == "get_config" for n in tree.body):
-    raise LaunchError(f"--config {spec}: {path} defines no get_config(arg), so it is not a "
-                      "config file.")
-  return file.resolve(), sep + arg
+    path, arg = configs.resolve(spec)
+  except ValueError as e:
+    raise LaunchError(f"--config {spec}: {e}") from None
+  return None if configs.is_name(spec) else path, "" if arg is None else f":{arg}"
 
 
 def add_common_flags(parser: argparse.ArgumentParser) -> None:

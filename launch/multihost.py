@@ -3,10 +3,10 @@ host from a host list.
 
   # SLURM: 2 nodes x 8 GPUs; jax.distributed.initialize() reads SLURM's variables.
   python launch/multihost.py slurm --nodes 2 --gpus-per-node 8 --partition gpu \
-      --config configs/pretrain.py:b16 --workdir /shared/vit_b16
+      --config pretrain:b16,i1k --workdir /shared/vit_b16
   # Host list, torchrun-style: process i runs on host i (over ssh), host 0 coordinates.
   python launch/multihost.py hosts --hosts gpu0,gpu1 --port 29500 \
-      --config configs/pretrain.py:b16 --workdir /shared/vit_b16 -- --config.batch_size=1024
+      --config pretrain:b16,i1k --workdir /shared/vit_b16 -- --config.batch_size=1024
 
 Every process must see the same --workdir (a shared file system or gs://) and, for a host
 list, the repository and Python at the same paths (override with --remote-repo, --python).
@@ -58,7 +58,7 @@ def slurm_commands(args: argparse.Namespace) -> list[list[str]]:
           f"--gpus-per-node={args.gpus_per_node}", "--gpu-bind=none", "--kill-on-bad-exit=1",
           *options, f"--export={','.join(['ALL', *env])}", f"--chdir={common.REPO}",
           *shlex.split(args.srun_args or "")]
-  train = _train_args(args, f"{config}{arg}")
+  train = _train_args(args, args.config if config is None else f"{config}{arg}")
   return [[*srun, args.python, *train, "--distributed", *args.overrides]]
 
 
@@ -85,9 +85,12 @@ def hosts_commands(args: argparse.Namespace) -> list[list[str]]:
   remote_repo = args.remote_repo or str(common.REPO)
   commands = []
   for i, (host, is_local) in enumerate(zip(hosts, local)):
-    cfg = str(config) if is_local else _remote_path(config, remote_repo)
+    if config is None:  # Shipped in vit_jax: found by name on every host.
+      spec = args.config
+    else:
+      spec = (str(config) if is_local else _remote_path(config, remote_repo)) + arg
     process = [*(["env", *env] if env else []), args.python,
-               *_train_args(args, cfg + arg), f"--coordinator_address={coordinator}",
+               *_train_args(args, spec), f"--coordinator_address={coordinator}",
                f"--num_processes={len(hosts)}", f"--process_id={i}", *args.overrides]
     if is_local:
       commands.append(process)
@@ -177,7 +180,8 @@ def parser() -> argparse.ArgumentParser:
   hosts.add_argument("--remote-repo", help="the repository on remote hosts (default: this one's "
                                            "path)")
   for s in (slurm, hosts):
-    s.add_argument("--config", required=True, help="config file, path.py[:arg]")
+    s.add_argument("--config", required=True,
+                   help="a config of vit_jax by name (pretrain:b16,i1k) or a file, path.py[:arg]")
     s.add_argument("--workdir", required=True, help="shared by all processes")
     s.add_argument("--python", default=sys.executable,
                    help="Python with vit_jax installed, on every host (default: this one)")

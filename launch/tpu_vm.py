@@ -2,7 +2,7 @@
 worker, run a config on all of them, follow the log, delete it.
 
   python launch/tpu_vm.py up --name vit --zone us-central2-b --accelerator-type v4-32 \
-      --config configs/pretrain.py:b16 --workdir gs://BUCKET/vit_b16 -- --config.batch_size=4096
+      --config pretrain:b16,i1k --workdir gs://BUCKET/vit_b16 -- --config.batch_size=4096
   python launch/tpu_vm.py logs --name vit --zone us-central2-b
   python launch/tpu_vm.py delete --name vit --zone us-central2-b
 
@@ -115,9 +115,10 @@ def create_commands(args: argparse.Namespace, tpu: Slice) -> list[list[str]]:
 
 
 def setup_commands(args: argparse.Namespace, tpu: Slice) -> list[list[str]]:
-  """Copies the package, configs and setup.py to every worker and installs them in a venv."""
+  """Copies the package (its configs with it) and setup.py to every worker and installs them
+  in a venv."""
   workers = tpu.worker_flags
-  sources = [str(common.REPO / p) for p in ("vit_jax", "configs", "setup.py")]
+  sources = [str(common.REPO / p) for p in ("vit_jax", "setup.py")]
   venv = f"{REMOTE_DIR}/.venv"
   # jax needs a newer Python than the TPU images' 3.10: uv fetches one for the venv.
   install = ("python3 -m pip install --user --quiet --upgrade uv && "
@@ -132,22 +133,23 @@ def setup_commands(args: argparse.Namespace, tpu: Slice) -> list[list[str]]:
 
 
 def run_commands(args: argparse.Namespace, tpu: Slice) -> list[list[str]]:
-  """Copies the config to every worker and starts the job there, detached, logging to LOG."""
+  """Copies a config file of the user's to every worker (a shipped config is installed there
+  already) and starts the job there, detached, logging to LOG."""
   config, arg = common.check_config(args.config)
   if tpu.hosts != 1 and not args.workdir.startswith("gs://"):
     raise LaunchError(
         f"--workdir {args.workdir}: the workers of a pod slice share no disk, so checkpoints "
         "must go to a bucket: give --workdir gs://BUCKET/PATH.")
   distributed = [] if tpu.hosts == 1 else ["--distributed"]
-  train = [".venv/bin/python", "-m", "vit_jax.main", "--config", f"run_configs/{config.name}{arg}",
+  spec = args.config if config is None else f"run_configs/{config.name}{arg}"
+  train = [".venv/bin/python", "-m", "vit_jax.main", "--config", spec,
            "--workdir", args.workdir, *distributed, *args.overrides]
   log = LOG.removeprefix(f"{REMOTE_DIR}/")
   start = (f"cd {REMOTE_DIR} && setsid nohup {shlex.join(train)} > {log} 2>&1 < /dev/null &")
-  return [
+  copy = [] if config is None else [
       _gcloud("scp", args, str(config), f"{args.name}:{REMOTE_DIR}/run_configs/",
-              *tpu.worker_flags),
-      _ssh(args, tpu.worker_flags, start),
-  ]
+              *tpu.worker_flags)]
+  return [*copy, _ssh(args, tpu.worker_flags, start)]
 
 
 def logs_commands(args: argparse.Namespace) -> list[list[str]]:
@@ -218,7 +220,8 @@ def parser() -> argparse.ArgumentParser:
     if name in ("setup", "up"):
       s.add_argument("--python", default="3.12", help="Python version of the workers' venv")
     if name in ("run", "up"):
-      s.add_argument("--config", required=True, help="config file, path.py[:arg]")
+      s.add_argument("--config", required=True,
+                     help="a config of vit_jax by name (pretrain:b16,i1k) or a file, path.py[:arg]")
       s.add_argument("--workdir", required=True, help="gs://BUCKET/PATH (any path on one host)")
       common.add_overrides(s)
   return p

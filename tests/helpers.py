@@ -4,7 +4,6 @@ TensorFlow and the notebook client are imported where used: importing TensorFlow
 torch (timm's cross-checks) crashes the process, so this module stays light.
 """
 import glob
-import importlib.util
 import os
 import pathlib
 import re
@@ -18,26 +17,13 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 # checkpoint.POSEMB_KEY, without importing vit_jax here.
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
-
-
-def load_config_module(path: str):
-  """A config file (relative to the repository) as a module: its tables and get_config."""
-  module_spec = importlib.util.spec_from_file_location("config_module", REPO / path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module
-
-
-def load_config(spec: str):
-  """A config file's `get_config(arg)`, as `--config path.py:arg` would load it."""
-  path, _, arg = spec.partition(":")
-  module = load_config_module(path)
-  return module.get_config(arg) if arg else module.get_config()
+TINY_CONFIG = str(REPO / "tests" / "tiny_config.py")
 
 
 def tiny_config(dataset, **overrides):
   """tests/tiny_config.py on `dataset` (name, data_dir), with dotted-key overrides."""
-  c = load_config("tests/tiny_config.py")
+  from vit_jax import configs
+  c = configs.get_config(TINY_CONFIG)
   c.data.name, c.data.data_dir = dataset
   for k, v in overrides.items():
     target = c
@@ -61,10 +47,11 @@ def read_scalars(workdir, tag: str, newest_file_only: bool = False) -> dict[int,
   return values
 
 
-def cli(workdir, dataset, *extra, config: str = "tests/tiny_config.py") -> list[str]:
-  """The command line of `python -m vit_jax.main` on `dataset` (name, data_dir)."""
+def cli(workdir, dataset, *extra, config: str = TINY_CONFIG) -> list[str]:
+  """The command line of `python -m vit_jax.main` on `dataset` (name, data_dir); `config` is a
+  --config spec: a shipped config's name or a file's path."""
   name, data_dir = dataset
-  return [sys.executable, "-m", "vit_jax.main", "--config", str(REPO / config),
+  return [sys.executable, "-m", "vit_jax.main", "--config", config,
           "--workdir", str(workdir), f"--config.data.name={name}",
           f"--config.data.data_dir={data_dir}", *extra]
 
@@ -76,8 +63,8 @@ def cpu_env(devices: int = 1) -> dict[str, str]:
                 "JAX_PLATFORMS": "cpu"}
 
 
-def run_cli(args, devices: int = 1, **kw) -> subprocess.CompletedProcess:
-  return subprocess.run(args, env=cpu_env(devices), cwd=REPO, capture_output=True, text=True,
+def run_cli(args, devices: int = 1, cwd=REPO, **kw) -> subprocess.CompletedProcess:
+  return subprocess.run(args, env=cpu_env(devices), cwd=cwd, capture_output=True, text=True,
                         timeout=600, **kw)
 
 

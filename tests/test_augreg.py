@@ -7,8 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from helpers import load_config, load_config_module
-from vit_jax import losses
+from vit_jax import configs, losses
 from vit_jax.train import config as config_lib
 
 
@@ -37,11 +36,11 @@ def test_label_smoothing_is_validated():
 
 
 
-AUGREG = "configs/augreg_pretrain.py"
+AUGREG = "augreg_pretrain"
 
 
 def test_every_augreg_config_loads_and_validates():
-  module = load_config_module(AUGREG)
+  module = configs.load_module(AUGREG)
   for model, dataset, aug in itertools.product(module.MODELS, module.DATASETS, module.AUGS):
     c = module.get_config(f"{model},{dataset},{aug}")
     config_lib.validate(c)
@@ -50,15 +49,15 @@ def test_every_augreg_config_loads_and_validates():
 
 
 def test_augreg_config_values():
-  c = load_config(f"{AUGREG}:b16,i21k,medium2")
+  c = configs.get_config(f"{AUGREG}:b16,i21k,medium2")
   assert c.model_name == "ViT-B_16"
   assert (c.data.randaug_layers, c.data.randaug_magnitude, c.data.mixup_alpha) == (2, 15, 0.5)
   assert (c.batch_size, c.total_epochs, c.warmup_steps) == (4096, 300, 10_000)
   assert (c.optimizer.lr, c.optimizer.weight_decay, c.optimizer.decay) == (1e-3, 0.1, "cosine")
   assert (c.model.dropout, c.model.stochastic_depth, c.model.head_bias_init) == (0.0, 0.0, -10.0)
   assert c.loss == "sigmoid_xent" and c.label_smoothing == 0.0
-  assert load_config(f"{AUGREG}:s16,i1k,light1").model.head_bias_init == -6.9
-  assert load_config(f"{AUGREG}:r50_l32,i21k,none").model_name == "R50+ViT-L_32"
+  assert configs.get_config(f"{AUGREG}:s16,i1k,light1").model.head_bias_init == -6.9
+  assert configs.get_config(f"{AUGREG}:r50_l32,i21k,none").model_name == "R50+ViT-L_32"
 
 
 @pytest.mark.parametrize("arg,message", [
@@ -69,4 +68,4 @@ def test_augreg_config_values():
 ])
 def test_augreg_config_bad_args_are_explained(arg, message):
   with pytest.raises(ValueError, match=message):
-    load_config(f"{AUGREG}:{arg}")
+    configs.get_config(f"{AUGREG}:{arg}")

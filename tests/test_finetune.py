@@ -6,8 +6,8 @@ import csv
 import numpy as np
 import pytest
 
-from helpers import load_config, read_scalars, tiny_config
-from vit_jax import checkpoint, export, fewshot
+from helpers import read_scalars, tiny_config
+from vit_jax import checkpoint, configs, export, fewshot
 from vit_jax.train import loop
 
 TINY = dict(patch_size=7, hidden_size=64, mlp_dim=128, num_heads=4, num_layers=2)
@@ -31,7 +31,7 @@ def pretrained(tmp_path_factory, dataset):
 
 
 def finetune_config(data_dir, pretrained=None):
-  c = load_config("configs/finetune.py:ti16,fashion_mnist")
+  c = configs.get_config("finetune:ti16,fashion_mnist")
   c.model.update(**TINY)
   c.data.update(data_dir=data_dir, train_split="train[30000:]", image_size=42,
                 train_crop="resize", flip=False, eval_split="test[:1000]")

@@ -6,6 +6,7 @@ import math
 import shlex
 import subprocess
 import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -46,11 +47,12 @@ def parse_finetune_command(command: str, monkeypatch):
   """The config `python -m vit_jax.main` would build from `command`, validated."""
   from absl import flags
   from ml_collections import config_flags
+  from vit_jax import main
   from vit_jax.train import config as config_lib
   argv = shlex.split(command)
   assert argv[:3] == ["python", "-m", "vit_jax.main"]
-  argv = ["vit_jax.main"] + argv[3:]
-  monkeypatch.chdir(REPO)  # The command names configs/finetune.py from the repository root.
+  monkeypatch.chdir(tempfile.gettempdir())  # The command runs from any working directory.
+  argv = main.resolve_config_flag(["vit_jax.main"] + argv[3:])  # As main: a name to its file.
   values = flags.FlagValues()
   config_flags.DEFINE_config_file("config", None, "", flag_values=values, sys_argv=argv)
   flags.DEFINE_string("workdir", None, "", flag_values=values)
@@ -176,7 +178,7 @@ def test_json_holds_the_same(tiny, capsys):
   assert report["pooling"] == "token" and report["pre_logits"] == 16
   assert report["num_classes"] == 10 and report["dtype"] == "float32"
   assert report["head"] == "trained" and report["head_all_zeros"] is False
-  assert "finetune.py:b16,/data/my folder'" in report["finetune_command"]
+  assert "'finetune:b16,/data/my folder'" in report["finetune_command"]
 
 
 @pytest.mark.parametrize("layout", ["new_flax", "big_vision", "big_vision_scanned"])
@@ -213,7 +215,7 @@ def test_a_registry_model_is_named_and_counted(tmp_path, capsys, monkeypatch):
   assert "14x14 grid: native resolution 224 px" in out
   assert "parameters     5,717,416 (float32)" in out and "(ImageNet-1k's count)" in out
   command = out.split("fine-tune      ")[1].splitlines()[0]
-  assert command == ("python -m vit_jax.main --config configs/finetune.py:ti16,cifar10 "
+  assert command == ("python -m vit_jax.main --config finetune:ti16,cifar10 "
                      f"--workdir WORKDIR --config.pretrained={tmp_path / 'ti.npz'}")
   assert_finetuning_loads_the_file(command, monkeypatch)
 
@@ -230,7 +232,7 @@ def test_a_hybrid_and_its_finetuning_overrides(tmp_path, capsys, monkeypatch):
   assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == [
       "position_embedding_similarity.png"]
   command = out.split("fine-tune      ")[1].splitlines()[0]
-  assert "finetune.py:r50_b16,cifar10" in command
+  assert "--config finetune:r50_b16,cifar10 " in command
   assert "'--config.model.resnet_layers=(1,1,1,1)'" in command
   c = assert_finetuning_loads_the_file(command, monkeypatch)
   assert c.model.classifier == "gap" and c.model.resnet_layers == (1, 1, 1, 1)

@@ -8,10 +8,8 @@ import sys
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, TINY_CONFIG
 from launch import tpu_vm
-
-TINY_CONFIG = str(REPO / "tests" / "tiny_config.py")
 
 
 def launch(script: str, *args: str, env: dict | None = None, timeout: int = 60):
@@ -37,27 +35,38 @@ def flag(cmd: list[str], name: str) -> str:
   raise AssertionError(f"{name} not in {cmd}")
 
 
-def tpu_up(accelerator_type: str, zone: str, workdir: str, *extra: str) -> list[list[str]]:
+def tpu_up(accelerator_type: str, zone: str, workdir: str, *extra: str,
+           config: str = "finetune:b16,cifar10") -> list[list[str]]:
   return dry_run("tpu_vm.py", "up", "--name", "vit", "--zone", zone, "--accelerator-type",
-                 accelerator_type, "--config", "configs/finetune.py:b16,cifar10",
-                 "--workdir", workdir, *extra)
+                 accelerator_type, "--config", config, "--workdir", workdir, *extra)
+
+
+def remote_train(run: list[str]) -> list[str]:
+  """The `vit_jax.main` command line that `run` starts on the workers."""
+  remote = shlex.split(flag(run, "--command"))
+  assert remote[:2] == ["cd", "vit_jax"]
+  return remote[remote.index(".venv/bin/python"):remote.index(">")]
 
 
 def test_single_host_tpu():
-  create, mkdir, copy, install, copy_config, run = tpu_up("v4-8", "us-central2-b", "runs/b16")
+  """A shipped config is installed with the package: named, not copied."""
+  create, mkdir, copy, install, run = tpu_up("v4-8", "us-central2-b", "runs/b16")
   assert create == ["gcloud", "compute", "tpus", "tpu-vm", "create", "vit",
                     "--accelerator-type=v4-8", "--version=tpu-ubuntu2204-base",
                     "--zone=us-central2-b"]
-  assert all("--worker=all" not in cmd for cmd in (mkdir, copy, install, copy_config, run))
+  assert all("--worker=all" not in cmd for cmd in (mkdir, copy, install, run))
   assert copy[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "scp", "--recurse"]
-  assert f"{REPO}/vit_jax" in copy and "vit:vit_jax/" in copy
+  assert copy[6:9] == [f"{REPO}/vit_jax", f"{REPO}/setup.py", "vit:vit_jax/"]
   assert "./vit_jax[tpu]" in flag(install, "--command")
-  assert copy_config[5:7] == [f"{REPO}/configs/finetune.py", "vit:vit_jax/run_configs/"]
-  remote = shlex.split(flag(run, "--command"))
-  assert remote[:2] == ["cd", "vit_jax"]
-  train = remote[remote.index(".venv/bin/python"):remote.index(">")]
-  assert train == [".venv/bin/python", "-m", "vit_jax.main", "--config",
-                   "run_configs/finetune.py:b16,cifar10", "--workdir", "runs/b16"]
+  assert remote_train(run) == [".venv/bin/python", "-m", "vit_jax.main", "--config",
+                               "finetune:b16,cifar10", "--workdir", "runs/b16"]
+
+
+def test_a_config_file_of_ones_own_is_copied_to_the_workers():
+  *_, copy_config, run = tpu_up("v4-8", "us-central2-b", "runs/b16",
+                                config="tests/tiny_config.py:anything")
+  assert copy_config[4:7] == ["scp", TINY_CONFIG, "vit:vit_jax/run_configs/"]
+  assert remote_train(run)[3:5] == ["--config", "run_configs/tiny_config.py:anything"]
 
 
 def test_pod_slice_runs_on_every_worker():
@@ -65,9 +74,9 @@ def test_pod_slice_runs_on_every_worker():
   create, *on_workers = commands
   assert "--accelerator-type=v4-32" in create
   assert all("--worker=all" in cmd for cmd in on_workers)
+  assert remote_train(on_workers[-1])[-4:] == [
+      "--workdir", "gs://bucket/b16", "--distributed", "--config.batch_size=1024"]
   remote = shlex.split(flag(on_workers[-1], "--command"))
-  train = remote[remote.index(".venv/bin/python"):remote.index(">")]
-  assert train[-4:] == ["--workdir", "gs://bucket/b16", "--distributed", "--config.batch_size=1024"]
   assert remote[remote.index(">"):] == [">", "logs/train.log", "2>&1", "<", "/dev/null", "&"]
 
 
@@ -128,6 +137,8 @@ def test_commands_run_are_those_printed(fake_gcloud):
     ({"--accelerator-type": "v4-12"}, "--accelerator-type 'v4-12' is not a known Cloud TPU type"),
     ({"--accelerator-type": "tpu-8"}, "Known: v2-{8,32,128,256,512}"),
     ({"--config": "configs/nonexistent.py:b16"}, "no file configs/nonexistent.py"),
+    ({"--config": "finetun:b16"}, "vit_jax ships no config named 'finetun'. Configs shipped with "
+                                  "vit_jax: augreg_pretrain, finetune, pretrain, quickstart"),
     ({"--config": "README.md"}, "README.md is not a readable Python file"),
     ({"--config": "vit_jax/main.py"}, "defines no get_config(arg)"),
     ({"--workdir": "/tmp/vit"}, "the workers of a pod slice share no disk"),
@@ -135,40 +146,47 @@ def test_commands_run_are_those_printed(fake_gcloud):
 def test_bad_arguments_stop_before_anything_is_created(fake_gcloud, change, message):
   env, log = fake_gcloud
   args = {"--name": "vit", "--zone": "us-central2-b", "--accelerator-type": "v4-32",
-          "--config": "configs/finetune.py:b16,cifar10", "--workdir": "gs://bucket/b16", **change}
+          "--config": "finetune:b16,cifar10", "--workdir": "gs://bucket/b16", **change}
   result = launch("tpu_vm.py", "up", *[x for kv in args.items() for x in kv], env=env)
   assert result.returncode == 2
   assert message in result.stderr
   assert not log.exists() and not result.stdout
 
 
-def test_slurm():
+@pytest.mark.parametrize("config,passed", [
+    ("finetune:b16,cifar10", "finetune:b16,cifar10"),  # Shipped: every task finds it by name.
+    ("tests/tiny_config.py:x", f"{TINY_CONFIG}:x"),  # A file: its absolute path.
+])
+def test_slurm(config, passed):
   (srun,) = dry_run("multihost.py", "slurm", "--nodes", "2", "--gpus-per-node", "8",
                     "--partition", "gpu", "--env", "NCCL_DEBUG=WARN", "--config",
-                    "configs/finetune.py:b16,cifar10", "--workdir", "/shared/b16",
-                    "--", "--config.batch_size=1024")
+                    config, "--workdir", "/shared/b16", "--", "--config.batch_size=1024")
   python = srun.index(sys.executable)
   assert srun[:python] == [
       "srun", "--nodes=2", "--ntasks-per-node=8", "--gpus-per-node=8", "--gpu-bind=none",
       "--kill-on-bad-exit=1", "--partition=gpu", "--job-name=vit_jax",
       "--export=ALL,NCCL_DEBUG=WARN", f"--chdir={REPO}"]
   assert srun[python + 1:] == [
-      "-m", "vit_jax.main", "--config", f"{REPO}/configs/finetune.py:b16,cifar10",
-      "--workdir", "/shared/b16", "--distributed", "--config.batch_size=1024"]
+      "-m", "vit_jax.main", "--config", passed, "--workdir", "/shared/b16", "--distributed",
+      "--config.batch_size=1024"]
 
 
-def test_host_list_over_ssh():
+@pytest.mark.parametrize("config,passed", [
+    ("finetune:b16,cifar10", "finetune:b16,cifar10"),
+    ("tests/tiny_config.py:x", "/home/me/vit/tests/tiny_config.py:x"),  # In the remote clone.
+])
+def test_host_list_over_ssh(config, passed):
   commands = dry_run("multihost.py", "hosts", "--hosts", "gpu0,gpu1", "--port", "1234",
                      "--remote-repo", "/home/me/vit", "--env", "NCCL_DEBUG=WARN", "--config",
-                     "configs/finetune.py:b16,cifar10", "--workdir", "/shared/b16")
+                     config, "--workdir", "/shared/b16")
   assert len(commands) == 2
   for i, (cmd, host) in enumerate(zip(commands, ("gpu0", "gpu1"))):
     assert cmd[:4] == ["ssh", "-o", "BatchMode=yes", host]
     remote = shlex.split(cmd[4])
     assert remote[:4] == ["cd", "/home/me/vit", "&&", "env"]
     assert remote[4:] == [
-        "NCCL_DEBUG=WARN", sys.executable, "-m", "vit_jax.main", "--config",
-        "/home/me/vit/configs/finetune.py:b16,cifar10", "--workdir", "/shared/b16",
+        "NCCL_DEBUG=WARN", sys.executable, "-m", "vit_jax.main", "--config", passed,
+        "--workdir", "/shared/b16",
         "--coordinator_address=gpu0:1234", "--num_processes=2", f"--process_id={i}"]
 
 

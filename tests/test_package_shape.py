@@ -15,6 +15,7 @@ LAYERS = (
     ("checkpoint",),
     ("evaluators", "serving"),
     ("train",),
+    ("configs",),  # The recipes: train's base config, filled in.
     ("explore",),  # Notebook and `inspect` support: what the analyses compute ...
     ("figures",),  # ... and how they are drawn.
     ("main", "fewshot", "export", "predict", "zoo", "inspect"),  # Command-line entry points.

@@ -106,9 +106,10 @@ def test_rerunning_a_finished_run_reports_its_result(tmp_path, dataset):
 
 
 def test_the_command_line_unit_replaces_the_config_files_other_unit(tmp_path, dataset):
-  """configs/quickstart.py sets total_epochs; --config.total_steps replaces it."""
+  """The quickstart config sets total_epochs; --config.total_steps replaces it. Run from
+  outside the clone: a shipped config is found by name from any working directory."""
   result = run_cli(cli(tmp_path, dataset, "--config.total_steps=3", "--config.warmup_steps=1",
-                       "--config.data.eval_split=test[:64]", config="configs/quickstart.py"))
+                       "--config.data.eval_split=test[:64]", config="quickstart"), cwd=tmp_path)
   assert result.returncode == 0, result.stderr[-3000:]
   assert steps_in(tmp_path) == [3]
 

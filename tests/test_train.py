@@ -36,7 +36,7 @@ def test_loss_goes_down_and_eval_counts_every_example(tmp_path, dataset):
 def test_quickstart_config_learns(tmp_path, dataset):
   """The README's first command, shortened to a third of an epoch."""
   run = run_cli(cli(tmp_path, dataset, "--config.total_epochs=0.3", "--config.warmup_steps=50",
-                    config="configs/quickstart.py"), devices=4)
+                    config="quickstart"), devices=4)
   assert run.returncode == 0, run.stderr[-3000:]
   assert "1 devices (cpu)" in run.stderr  # config.cpu_devices outranks XLA_FLAGS' count of 4.
   accuracy = float(run.stdout.split("Final evaluation: accuracy=")[1].split(",")[0])

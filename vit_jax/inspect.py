@@ -37,7 +37,7 @@ FIELDS = registry.ARCHITECTURE + ("classifier", "representation_size", "posemb")
 # What the fine-tuning model must share with the file for its arrays to load; the
 # fine-tuning config's model starts from a registry name and overrides the rest.
 FINETUNE_FIELDS = registry.ARCHITECTURE + ("classifier", "posemb")
-FINETUNE_IMAGE_SIZE = 384  # configs/finetune.py's.
+FINETUNE_IMAGE_SIZE = 384  # vit_jax/configs/finetune.py's.
 POOLING = {"token": "the class token", "gap": "mean of the patch tokens",
            "map": "attention pooling (MAP head)"}
 ZERO_HEAD = (
@@ -69,7 +69,7 @@ def _flag_value(value: Any) -> str:
 
 
 def finetune_command(ckpt: checkpoint.Loaded, path: str, dataset: str = "cifar10") -> str:
-  """`python -m vit_jax.main` with configs/finetune.py on `dataset`, starting from `path`:
+  """`python -m vit_jax.main` with the finetune config on `dataset`, starting from `path`:
   the registry model nearest the file, and overrides for every field that differs."""
   model = ckpt.model
   base = (_registry_name(model) or model.name_in_registry or
@@ -81,7 +81,7 @@ def finetune_command(ckpt: checkpoint.Loaded, path: str, dataset: str = "cifar10
   if size % model.stride:  # Images must split into whole tokens.
     size = max(1, round(size / model.stride)) * model.stride
   args = ["python", "-m", "vit_jax.main", "--config",
-          f"configs/finetune.py:{registry.short_name(base)},{dataset}",
+          f"finetune:{registry.short_name(base)},{dataset}",
           "--workdir", "WORKDIR", f"--config.pretrained={path}"]
   args += [f"--config.model.{k}={_flag_value(v)}" for k, v in overrides.items()]
   if size != FINETUNE_IMAGE_SIZE:

@@ -1,23 +1,28 @@
-"""Trains and evaluates a ViT: `python -m vit_jax.main --config configs/x.py:args --workdir DIR`.
+"""Trains and evaluates a ViT: `python -m vit_jax.main --config finetune:b16,cifar10 --workdir DIR`.
+
+--config names a config shipped in vit_jax/configs/ (`quickstart`, `finetune:ARG`) or a config
+file of your own (`path.py:ARG`).
 
 Every config field can be overridden on the command line: `--config.batch_size=64`.
 Multi-host: on Cloud TPU pod slices and SLURM `jax.distributed.initialize()` finds its
 peers by itself (`--distributed`); elsewhere pass --coordinator_address, --num_processes
 and --process_id (CPU processes then talk through gloo).
 """
-import importlib.util
 import logging
+import re
 import sys
 
 from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from vit_jax import cpu_backend
+from vit_jax import configs, cpu_backend
 from vit_jax.config_errors import ConfigError, check_known
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Config file, `path.py:arg`.", lock_config=True)
+config_flags.DEFINE_config_file(
+    "config", None, "A config shipped with vit_jax by name (`quickstart`, `finetune:b16,cifar10`) "
+    "or a config file, `path.py:arg`.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Checkpoints, TensorBoard logs; resumed if present.")
 flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (TPU pods, SLURM).")
 flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for multi-process.")
@@ -43,17 +48,35 @@ def _fail(message: str) -> None:
   sys.exit(2)
 
 
+def _config_flag(argv: list[str]) -> tuple[int, str, str] | None:
+  """(index, flag prefix, spec) of the argument that holds `--config SPEC` / `--config=SPEC`."""
+  for i, a in enumerate(argv):
+    if m := re.fullmatch(r"(--?config)(=(.*))?", a):
+      if m.group(2):
+        return i, m.group(1) + "=", m.group(3)
+      if i + 1 < len(argv):
+        return i + 1, "", argv[i + 1]
+  return None
+
+
+def resolve_config_flag(argv: list[str]) -> list[str]:
+  """argv with the --config spec as a file path (absl's config flag takes a file), a shipped
+  config's name replaced by its file; a spec that names no config file ends the run."""
+  found = _config_flag(argv)
+  if found is None:
+    return argv
+  i, prefix, spec = found
+  try:
+    path, arg = configs.resolve(spec)
+  except ValueError as e:
+    _fail(f"--config {spec}: {e}")
+  return [*argv[:i], f"{prefix}{path}{'' if arg is None else ':' + arg}", *argv[i + 1:]]
+
+
 def _config_file(argv: list[str]):
-  """The config `--config path.py[:arg]` names, loaded without its overrides."""
-  spec = next((argv[i + 1] if a == "--config" else a.split("=", 1)[1]
-               for i, a in enumerate(argv) if a == "--config" or a.startswith("--config=")), None)
-  if spec is None:
-    return None
-  path, _, arg = spec.partition(":")
-  module_spec = importlib.util.spec_from_file_location("_vit_jax_config", path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module.get_config(arg) if arg else module.get_config()
+  """The config --config names, loaded without its overrides."""
+  found = _config_flag(argv)
+  return None if found is None else configs.get_config(found[2])
 
 
 def _bad_override(argv: list[str]) -> str | None:
@@ -78,8 +101,11 @@ def _bad_override(argv: list[str]) -> str | None:
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with one-line errors for the config's fields, and the duration
   unit given on the command line winning over the config file's other unit."""
+  argv = resolve_config_flag(argv)
   try:
     rest = FLAGS(argv)
+  except SystemExit:  # Only --help and its kin exit here: absl prints the usage, exits 1.
+    sys.exit(0)
   except Exception as e:  # absl and ml_collections raise several types for a bad override.
     _fail(_bad_override(argv) or str(e))
   given = config_flags.get_override_values(FLAGS["config"])

@@ -1,4 +1,4 @@
-"""Pre-training recipe of the paper: `--config configs/pretrain.py:b16,i1k` (or `:b16,i21k`).
+"""Pre-training recipe of the paper: `--config pretrain:b16,i1k` (or `:b16,i21k`).
 
 Adam (0.9, 0.999), batch 4096, 10k warm-up steps then linear decay, global-norm
 clipping at 1, a tanh pre-logits layer of the model's width. ImageNet-1k: weight

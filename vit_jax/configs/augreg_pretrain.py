@@ -1,4 +1,4 @@
-"""AugReg pre-training (Steiner et al. 2021, arXiv:2106.10270): `--config configs/augreg_pretrain.py:b16,i21k,medium1`.
+"""AugReg pre-training (Steiner et al. 2021, arXiv:2106.10270): `--config augreg_pretrain:b16,i21k,medium1`.
 
 Arg: <model>,<i1k|i21k>,<aug>, aug one of AUGS. Sources: the paper's Sec. 3.3
 (hyper-parameters) and 3.4 (the AugReg sweep), and big_vision's

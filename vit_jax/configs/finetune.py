@@ -1,4 +1,4 @@
-"""Fine-tuning recipe: `--config configs/finetune.py:b16,cifar10 --config.pretrained=ViT-B_16.npz`.
+"""Fine-tuning recipe: `--config finetune:b16,cifar10 --config.pretrained=ViT-B_16.npz`.
 
 SGD with momentum 0.9, batch 512, 500 warm-up steps then cosine decay, global-norm
 clipping at 1, no weight decay, 384 px (the position embeddings of the checkpoint are

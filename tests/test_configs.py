@@ -1,0 +1,82 @@
+"""vit_jax.configs: the one loader of `--config` specs (a shipped config's name or a file's
+path, `:ARG`), and main's use of it before absl parses the flags."""
+import pytest
+
+from helpers import REPO
+from vit_jax import configs, main
+from vit_jax.train import config as config_lib
+
+SHIPPED = ["augreg_pretrain", "finetune", "pretrain", "quickstart"]
+KNOWN = "Configs shipped with vit_jax: augreg_pretrain, finetune, pretrain, quickstart"
+ARG_ECHO = ("import ml_collections\n\ndef get_config(arg='default'):\n"
+            "  return ml_collections.ConfigDict(dict(arg=arg))\n")
+
+
+def test_every_shipped_config_loads_by_name_and_validates():
+  assert configs.names() == SHIPPED
+  for name in SHIPPED:
+    assert configs.config_path(name) == REPO / "vit_jax" / "configs" / f"{name}.py"
+    config_lib.validate(configs.get_config(name))
+
+
+def test_a_name_a_relative_and_an_absolute_path_give_the_same_config(monkeypatch):
+  monkeypatch.chdir(REPO)
+  by_name = configs.get_config("finetune:ti16,mnist").to_dict()
+  assert by_name["model_name"] == "ViT-Ti_16" and by_name["data"]["name"] == "mnist"
+  for path in ("vit_jax/configs/finetune.py", REPO / "vit_jax" / "configs" / "finetune.py"):
+    assert configs.get_config(f"{path}:ti16,mnist").to_dict() == by_name
+  assert configs.load_module("finetune:anything").TOTAL_STEPS["cifar10"] == 10_000
+
+
+@pytest.mark.parametrize("suffix,arg", [("", "default"), (":", ""), (":a,b", "a,b"),
+                                        (":a:b", "a:b")])
+def test_the_arg_is_passed_as_ml_collections_passes_it(tmp_path, monkeypatch, suffix, arg):
+  (tmp_path / "echo.py").write_text(ARG_ECHO)
+  monkeypatch.chdir(tmp_path)
+  assert configs.get_config(f"echo.py{suffix}").arg == arg
+  assert configs.resolve(f"echo.py{suffix}") == (tmp_path / "echo.py",
+                                                 None if suffix == "" else arg)
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("finetun:b16", "vit_jax ships no config named 'finetun'."),
+    ("my_configs/x.py:b16", "no file my_configs/x.py (relative to "),
+    ("README.md", "README.md is not a readable Python file"),
+    ("vit_jax/main.py", "vit_jax/main.py defines no get_config(arg), so it is not a config file."),
+])
+def test_a_spec_that_names_no_config_says_what_would(spec, message, monkeypatch):
+  monkeypatch.chdir(REPO)
+  with pytest.raises(ValueError) as error:
+    configs.get_config(spec)
+  assert message in str(error.value)
+  assert str(error.value).endswith(
+      f"{KNOWN} (e.g. finetune:b16,cifar10); or give the path of a .py file that defines "
+      "get_config(arg), e.g. my_configs/x.py:arg.")
+
+
+def test_resolving_runs_nothing_of_the_file(tmp_path):
+  """The launchers check a config on a machine that may not run it."""
+  (tmp_path / "c.py").write_text("raise SystemExit('ran')\n\ndef get_config(arg):\n  pass\n")
+  assert configs.resolve(f"{tmp_path}/c.py:x") == (tmp_path / "c.py", "x")
+
+
+def test_main_hands_absl_the_file_of_a_name(tmp_path):
+  path = REPO / "vit_jax" / "configs" / "finetune.py"
+  rest = ["--workdir", "w", "--config.batch_size=8"]
+  assert main.resolve_config_flag(["m", "--config", "finetune:b16,cifar10", *rest]) == [
+      "m", "--config", f"{path}:b16,cifar10", *rest]
+  assert main.resolve_config_flag(["m", "--config=quickstart", *rest]) == [
+      "m", f"--config={path.with_name('quickstart.py')}", *rest]
+  (tmp_path / "echo.py").write_text(ARG_ECHO)
+  assert main.resolve_config_flag(["m", "--config", f"{tmp_path}/echo.py:x"]) == [
+      "m", "--config", f"{tmp_path}/echo.py:x"]
+  assert main.resolve_config_flag(["m", "--workdir", "w"]) == ["m", "--workdir", "w"]
+
+
+def test_main_fails_in_one_line_on_an_unknown_name(capsys):
+  with pytest.raises(SystemExit) as exit_:
+    main.resolve_config_flag(["m", "--config", "finetun:b16", "--workdir", "w"])
+  assert exit_.value.code == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: --config finetun:b16: vit_jax ships no config named 'finetun'.")
+  assert KNOWN in err and len(err.splitlines()) == 1
