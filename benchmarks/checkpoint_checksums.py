@@ -13,7 +13,7 @@ import time
 
 import jax
 
-from vit_jax import models
+from vit_jax import checkpoint, models
 from vit_jax.checkpoint import run
 from vit_jax.train import optimizers, sharding, trainer
 
@@ -43,8 +43,11 @@ def main() -> None:
     manager = run.make_manager(workdir, keep=1)
     steps = iter(range(1, 1000))
 
+    described = checkpoint.Description(model=models.model_config(args.model), image_size=224,
+                                       num_classes=1000, model_name=args.model)
+
     def save():
-      run.save(manager, next(steps), state, {})
+      run.save(manager, next(steps), state, {}, described)
       manager.wait_until_finished()
     save_s = _median_s(save, args.repeats)
     manager.close()

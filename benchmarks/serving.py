@@ -61,7 +61,7 @@ def load_model(args: argparse.Namespace) -> checkpoint.Loaded:
   # A random head (initialised to zeros), so that the logits differ and their diffs mean something.
   kernel = params["head"]["kernel"]
   params["head"]["kernel"] = jax.random.normal(jax.random.key(1), kernel.shape) / kernel.shape[0]**.5
-  return checkpoint.Loaded(model, params, size, f"random {args.model}")
+  return checkpoint.Loaded.from_model(model, params, size, f"random {args.model}")
 
 
 def export(loaded: checkpoint.Loaded, formats: Sequence[str], tmp: str) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""XLA's CPU-client deadlock (vit_jax/cpu_backend.py says why), shown without vit_jax: a
-data-parallel step over several CPU devices, dispatched again and again without waiting.
+"""XLA's CPU-client deadlock (vit_jax/cpu_backend.py says why), shown without vit_jax's model
+or training code: a data-parallel step over several CPU devices, dispatched again and again
+without waiting.
 
   python tests/deadlock_reproducer.py --devices 2          # XLA's pool as on 2 cores: hangs
   python tests/deadlock_reproducer.py --devices 2 --fixed  # cpu_backend.prepare: finishes
@@ -16,9 +17,9 @@ def main() -> None:
   parser.add_argument("--steps", type=int, default=1000)
   parser.add_argument("--fixed", action="store_true", help="size the pool as vit_jax does")
   args = parser.parse_args()
-  os.environ["XLA_FLAGS"] = "--xla_cpu_collective_call_terminate_timeout_seconds=10"
+  from vit_jax import cpu_backend  # Imports no JAX.
+  os.environ["XLA_FLAGS"] = f"{cpu_backend.COLLECTIVE_TIMEOUT_FLAG}=10"
   if args.fixed:
-    from vit_jax import cpu_backend
     cpu_backend.prepare(args.devices)
   else:
     os.environ["NPROC"] = str(args.devices)  # The pool XLA makes on a machine of so many cores.

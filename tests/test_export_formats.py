@@ -33,7 +33,7 @@ def exported(request, tmp_path_factory, digits_folder):
 def jax_logits(loaded, batch: np.ndarray) -> np.ndarray:
   """The reference: the model applied to the input pipeline's preprocessing of `batch`."""
   from vit_jax.data import preprocess as pp
-  x = pp.value_range(batch, *savedmodel.VALUE_RANGE).numpy()
+  x = pp.value_range(batch, *loaded.description.preprocessing.value_range).numpy()
   return np.asarray(loaded.model.apply({"params": loaded.params}, x, train=False))
 
 
@@ -121,7 +121,7 @@ def test_export_cli_writes_each_format(tmp_path, digits_folder):
   r = run_cli([sys.executable, "-m", "vit_jax.export", path, str(out), "--format", "onnx",
                "--image_size", "48"])
   assert r.returncode == 0, r.stderr
-  assert f"Wrote {out} (onnx): " in r.stdout and "48px input" in r.stdout
+  assert f"Wrote {out} (onnx): custom ViT; 48px; 10 classes" in r.stdout
   runner = runners.open_model(str(out))
   assert runner.image_size == 48
   loaded = checkpoint.load(path, image_size=48)

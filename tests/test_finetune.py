@@ -25,8 +25,8 @@ def pretrained(tmp_path_factory, dataset):
   metrics = loop.train_and_evaluate(c, str(workdir))
   assert metrics["accuracy"] > 0.7
   npz = str(workdir / "pretrained.npz")
-  meta = export.export(str(workdir), npz)
-  assert meta["model"]["hidden_size"] == 64
+  described = export.export(str(workdir), npz)
+  assert described.model["hidden_size"] == 64 and checkpoint.describe(npz) == described
   return workdir, npz
 
 

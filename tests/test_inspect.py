@@ -162,6 +162,8 @@ def test_the_report_of_a_small_file(tiny, capsys, monkeypatch):
   assert "head           trained" in out and "classes        10\n" in out
   n = sum(v.size for v in tiny[2].values())
   assert f"parameters     {n:,} (float32)" in out
+  assert ("input          28 px RGB, resized; [0, 255] -> [-1, 1] (assumed: the file does not "
+          "record it)") in out
   command = out.split("fine-tune      ")[1].splitlines()[0]
   c = assert_finetuning_loads_the_file(command, monkeypatch)
   assert c.model_name == "ViT-B_16" and c.model.patch_size == 7 and c.model.num_layers == 2
@@ -278,9 +280,13 @@ def test_a_workdir_and_its_step_dir(tmp_path, capsys, monkeypatch, dataset):
     assert report["num_classes"] == 10 and report["head"] == "trained"
   c = assert_finetuning_loads_the_file(report["finetune_command"], monkeypatch)
   assert c.model_name == "ViT-Ti_16" and c.pretrained == str(step_dir)
+  assert report["description"]["class_names"][:2] == ["T-shirt/top", "Trouser"]
   rc, out, _ = run_inspect(capsys, tmp_path)
   assert "no registry name fits (a run of ViT-Ti_16 with overrides)" in out
   assert f"read           {step_dir}" in out
+  assert "input          28 px RGB, resized; [0, 255] -> [-1, 1]\n" in out
+  assert "class names    T-shirt/top, Trouser, Pullover," in out
+  assert "origin         trained on fashion_mnist; step 2\n" in out
 
 
 # Bad inputs.

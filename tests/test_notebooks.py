@@ -133,7 +133,8 @@ def test_posemb_similarity_of_a_checkpoint(tiny_npz):
   np.testing.assert_array_equal(learned.reshape(16, 32), stored)
   # Fixed sin-cos embeddings: nearer patches are more alike, as learned ones become.
   sincos = explore.posemb_similarity(explore.position_embeddings(
-      checkpoint.Loaded(models.create_model("ViT-Ti_16", posemb="sincos2d"), {}, 224, "")))
+      checkpoint.Loaded.from_model(models.create_model("ViT-Ti_16", posemb="sincos2d"), {}, 224,
+                                   "")))
   assert sincos.shape == (14, 14, 14, 14)
   assert sincos[3, 3, 3, 3] > sincos[3, 3, 3, 4] > sincos[3, 3, 3, 8]
   assert sincos[3, 3, 4, 3] > sincos[3, 3, 8, 3]

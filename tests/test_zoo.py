@@ -209,6 +209,15 @@ def test_resolve_adapted_filename_gives_its_resolution(zoo_dir, cache_dir):
   assert flat["head/kernel"].shape == (TINY["hidden_size"], 1000)
 
 
+def test_an_augreg_file_is_described_with_the_index_resolution(zoo_dir, cache_dir, monkeypatch):
+  monkeypatch.setenv("VIT_JAX_AUGREG_DIR", zoo_dir)
+  described = checkpoint.describe(f"augreg:{TI}{IMNET_384}")
+  assert (described.model_name, described.image_size, described.num_classes) == (
+      "ViT-Ti_16", 384, 1000)
+  assert described.assumed == ("model", "preprocessing")  # The resolution is known.
+  assert described.preprocessing.value_range == (-1.0, 1.0)
+
+
 def test_cached_file_resolves_without_the_zoo(zoo_dir, cache_dir):
   augreg.resolve(f"augreg:{TI}", zoo_dir=zoo_dir, progress=False)
   r = augreg.resolve(f"augreg:{TI}", zoo_dir="/nonexistent/augreg", progress=False)

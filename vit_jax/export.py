@@ -4,11 +4,14 @@ python -m vit_jax.export CHECKPOINT OUT [--format npz|savedmodel|tflite|onnx]
     [--model NAME] [--image_size N]
 
 CHECKPOINT: a training run's workdir (its latest step), one of its step directories, an
-.npz in any layout the project reads, or `augreg:NAME`.
+.npz in any layout the project reads, or `augreg:NAME`. Every format carries the
+checkpoint's description (model, resolution, input value range and crop, classes, origin),
+which `python -m vit_jax.inspect` prints and predict, few-shot and fine-tuning read.
   npz (default): the params in the original layout, which `checkpoint.load_npz`, timm's
     `_load_weights` and the official code read; its model is printed, for `--model`.
   savedmodel: a folder; signature `serving_default`: uint8 images (batch, N, N, 3) ->
-    `logits` float32 (batch, classes), `top5` int32 (batch, 5); preprocessing included.
+    `logits` float32 (batch, classes), `top5` int32 (batch, 5); the value range the model
+    was trained with is applied inside.
   tflite: the same signature as a float32 TFLite model.  onnx: the same as ONNX
     (input `images`, outputs `logits`, `top5`), checked with onnx.checker.
 N is the checkpoint's resolution unless --image_size resizes the position embedding.
@@ -16,7 +19,6 @@ The serving formats need the export extra: pip install 'vit_jax[export]'.
 """
 import argparse
 import sys
-from typing import Any
 
 from vit_jax import checkpoint
 from vit_jax.serving import convert
@@ -24,17 +26,19 @@ from vit_jax.serving import convert
 FORMATS = ("npz", *convert.FORMATS)
 
 
-def export(path: str, out: str) -> dict[str, Any] | None:
-  """Writes `path`'s params to `out`; returns the run's metadata (None for an .npz)."""
-  flat, meta, _ = checkpoint.read(path)
-  checkpoint.save_npz(out, checkpoint.unflatten(flat))
-  return meta
+def export(path: str, out: str) -> checkpoint.Description:
+  """Writes `path`'s params and description to `out`; returns the description."""
+  flat, described, source = checkpoint.read(path)
+  described = described.replace(exported_from=source)
+  checkpoint.save_npz(out, checkpoint.unflatten(flat), described)
+  return described
 
 
 def export_serving(path: str, out: str, fmt: str, model_name: str | None = None,
                    image_size: int | None = None) -> checkpoint.Loaded:
   """Writes `path` as a SavedModel, TFLite or ONNX model; returns the model it loaded."""
   loaded = checkpoint.load(path, model_name, image_size=image_size)
+  loaded.description = loaded.description.replace(exported_from=loaded.source)
   convert.write(loaded, out, fmt)
   return loaded
 
@@ -57,13 +61,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
   args = parse_args(argv[1:])
-  if args.format == "npz":
-    meta = export(args.checkpoint, args.out)
-    model = f"{meta['model_name']} {meta['model']}" if meta else "the input's model"
-  else:
-    model = export_serving(args.checkpoint, args.out, args.format, args.model,
-                           args.image_size).summary()
-  print(f"Wrote {args.out} ({args.format}): {model}")
+  try:
+    if args.format == "npz":
+      described = export(args.checkpoint, args.out)
+    else:
+      described = export_serving(args.checkpoint, args.out, args.format, args.model,
+                                 args.image_size).description
+  except (OSError, ValueError) as e:  # CheckpointError and DescriptionMismatch among them.
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(f"Wrote {args.out} ({args.format}): {described.summary()}")
   return 0
 
 

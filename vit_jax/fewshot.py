@@ -2,18 +2,20 @@
 
 Checkpoints: released .npz files (any layout; `--model` names the architecture, else it
 is read off the arrays' shapes), training runs' workdirs (their latest step) or step
-directories (the model is read from the run), globs allowed. Writes fewshot.csv,
-fewshot.md and fewshot.png to --out_dir:
+directories (the model is read from the run), globs allowed. Each is probed at its own
+resolution (unless --image_size) on images preprocessed as its description records (value
+range, crop). Writes fewshot.csv, fewshot.md and fewshot.png to --out_dir:
 checkpoint x dataset x shots, mean ± std over seeds. A checkpoint that fails to load is
 reported and the sweep goes on.
 """
 import argparse
 import csv
+import functools
 import glob
 import os
 import sys
 import traceback
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -65,12 +67,15 @@ def _plot(rows: list[dict], datasets: list[str], path: str) -> None:
   plt.close(fig)
 
 
-def _probe(path: str, model_name: str | None, image_size: int, datasets: dict,
+def _probe(path: str, model_name: str | None, image_size: int | None, datasets: Callable,
            shots: Sequence[int], seeds: int, l2_regs: Sequence[float]) -> list[dict]:
+  """One checkpoint's rows, on the datasets preprocessed as its description says (at
+  `image_size`, else at its own resolution)."""
   ckpt = checkpoint.load(path, model_name and models.resolve_name(model_name),
                          image_size=image_size, head=False)
-  evaluator = fewshot_lsr.FewShotEvaluator(fewshot_lsr.representation_fn(ckpt.model), datasets,
-                                           shots, seeds, l2_regs)
+  evaluator = fewshot_lsr.FewShotEvaluator(
+      fewshot_lsr.representation_fn(ckpt.model),
+      datasets(ckpt.image_size, ckpt.description.preprocessing), shots, seeds, l2_regs)
   rows = []
   for r in evaluator.run_detailed(ckpt.params):
     rows.append(dict(checkpoint=path, dataset=r.dataset, shots=r.shots, mean=r.mean, std=r.std,
@@ -81,15 +86,22 @@ def _probe(path: str, model_name: str | None, image_size: int, datasets: dict,
 
 
 def sweep(checkpoints: Sequence[str], model_name: str | None, datasets: Sequence[str],
-          data_dir: str | None, train_split: str, test_split: str, image_size: int,
+          data_dir: str | None, train_split: str, test_split: str, image_size: int | None,
           batch_size: int, shots: Sequence[int], seeds: int, l2_regs: Sequence[float],
           out_dir: str, download: bool = False) -> tuple[list[dict], dict[str, str]]:
-  """Probes every checkpoint on every dataset; a checkpoint that fails is reported, not fatal."""
-  if min(l2_regs) <= 0:
-    raise ValueError(f"--l2 values must be > 0, got {list(l2_regs)}.")
-  batches = fewshot_lsr.fewshot_datasets(datasets, data_dir, train_split, test_split,
-                                         image_size, batch_size,
-                                         sharding.batch_sharding(sharding.make_mesh()), download)
+  """Probes every checkpoint on every dataset; a checkpoint that fails is reported, not fatal.
+
+  `image_size` None probes each checkpoint at its own resolution."""
+  fewshot_lsr.check_l2(l2_regs)
+  batch_sharding = sharding.batch_sharding(sharding.make_mesh())
+
+  @functools.cache
+  def batches(size: int, preprocessing: checkpoint.Preprocessing) -> dict:
+    return fewshot_lsr.fewshot_datasets(datasets, data_dir, train_split, test_split, size,
+                                        batch_size, batch_sharding, preprocessing, download)
+
+  # Reads only the datasets' metadata: a dataset that cannot be read fails here, once.
+  batches(image_size or 224, checkpoint.Preprocessing())
   rows, failures = [], {}
   for i, path in enumerate(checkpoints):
     print(f"[{i + 1}/{len(checkpoints)}] {path}", flush=True)
@@ -131,10 +143,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("--download", action="store_true", help="let TFDS download missing datasets")
   p.add_argument("--train_split", default="train", help="pool the shots are drawn from")
   p.add_argument("--test_split", default="test")
-  p.add_argument("--image_size", type=int, default=224)
+  p.add_argument("--image_size", type=int, default=None,
+                 help="resolution to probe at (default: each checkpoint's own)")
   p.add_argument("--batch_size", type=int, default=256)
-  p.add_argument("--shots", type=_ints, default=[1, 5, 10, 25])
-  p.add_argument("--seeds", type=int, default=3)
+  p.add_argument("--shots", type=_ints, default=list(fewshot_lsr.DEFAULT_SHOTS))
+  p.add_argument("--seeds", type=int, default=fewshot_lsr.DEFAULT_SEEDS)
   p.add_argument("--l2", type=lambda s: [float(v) for v in s.split(",")],
                  default=list(fewshot_lsr.DEFAULT_L2))
   p.add_argument("--out_dir", default="fewshot_results")

@@ -7,7 +7,9 @@ command that fits it; with --figures, the paper's analyses of it as PNG.
 
 CKPT: a released .npz (any layout: original, newer Flax names, big_vision), an AugReg
 name (`augreg:S_16`), a training run's workdir (its latest step) or one of its step
-directories. The figures: principal components of the patch-embedding filters, position-
+directories; or a model `vit_jax.export` wrote (SavedModel, .tflite, .onnx), of which only
+the description is shown. The report includes the checkpoint's description: input
+resolution, crop and value range, class names, origin. The figures: principal components of the patch-embedding filters, position-
 embedding similarity, and, over the images of --images (a TFDS dataset or an image
 folder, its evaluation split; or a glob of image files), the mean attention distance per
 head against depth and attention rollout.
@@ -32,6 +34,7 @@ import numpy as np  # noqa: E402
 
 from vit_jax import checkpoint, explore, figures, models  # noqa: E402
 from vit_jax.models import registry  # noqa: E402
+from vit_jax.checkpoint import exported  # noqa: E402
 
 FIELDS = registry.ARCHITECTURE + ("classifier", "representation_size", "posemb")
 # What the fine-tuning model must share with the file for its arrays to load; the
@@ -100,15 +103,16 @@ def _head(flat: dict[str, np.ndarray]) -> str:
 def describe(path: str, model_name: str | None = None,
              dataset: str = "cifar10") -> tuple[dict[str, Any], checkpoint.Loaded]:
   """The report on `path` (a JSON-ready dict) and the loaded checkpoint."""
-  flat, meta, source = checkpoint.read(path)
+  flat, described, source = checkpoint.read(path)
   if model_name:
     model_name = registry.resolve_name(model_name)
-  ckpt = checkpoint.from_arrays(flat, meta, source, model_name)
+  ckpt = checkpoint.from_arrays(flat, described, source, model_name)
   m = ckpt.model
   head = _head(flat)
   return {
-      "checkpoint": path, "source": source,
-      "model": _registry_name(m), "run_model_name": meta["model_name"] if meta else None,
+      "checkpoint": path, "source": source, "description": described.to_dict(),
+      "model": _registry_name(m),
+      "run_model_name": None if "model" in described.assumed else described.model_name,
       "fields": {f: getattr(m, f) for f in FIELDS},
       "patch_size": m.patch_size, "token_px": m.stride, "width": m.hidden_size,
       "depth": m.num_layers, "heads": m.num_heads, "mlp_dim": m.mlp_dim,
@@ -162,6 +166,36 @@ def _head_lines(r: dict[str, Any]) -> list[tuple[str, str]]:
   return lines
 
 
+def _description_lines(d: dict[str, Any]) -> list[tuple[str, str]]:
+  """What the checkpoint records about its input, classes and origin."""
+  pre, assumed = d["preprocessing"], set(d["assumed"])
+  note = lambda field: " (assumed: the file does not record it)" if field in assumed else ""  # noqa: E731
+  low, high = pre["value_range"]
+  crop = (f"shorter side to size / {pre['central_crop_fraction']:g}, central crop"
+          if pre["crop"] == "central_crop" else "resized")
+  rows = [("input", f"{d['image_size']} px RGB, {crop}; [0, 255] -> [{low:g}, {high:g}]"
+           + note("preprocessing"))]
+  if d["class_names"]:
+    rows.append(("class names", textwrap.fill(", ".join(d["class_names"]), 75)))
+  if d["output"]:
+    rows.append(("output", d["output"]))
+  origin = [f"trained on {d['dataset']}" if d["dataset"] else "",
+            f"step {d['step']}" if d["step"] is not None else "",
+            f"fine-tuned from {d['parent']}" if d["parent"] else "",
+            f"exported from {d['exported_from']}" if d["exported_from"] else ""]
+  if any(origin):
+    rows.append(("origin", "; ".join(o for o in origin if o)))
+  return rows
+
+
+def format_description(path: str, d: dict[str, Any]) -> str:
+  """The report on an exported model: its description (it holds no arrays to inspect)."""
+  rows = [("checkpoint", path), ("model", d["model_name"] or "custom ViT"),
+          ("classes", str(d["num_classes"]))] + _description_lines(d)
+  return "\n".join(f"{name:<15}{line}" if i == 0 else f"{'':<15}{line}"
+                   for name, value in rows for i, line in enumerate(value.splitlines()))
+
+
 def format_text(r: dict[str, Any]) -> str:
   """The report as aligned `name  value` lines."""
   pre_logits = (f"{r['pre_logits']} (tanh); the fine-tuning command drops it with the head"
@@ -174,8 +208,8 @@ def format_text(r: dict[str, Any]) -> str:
            ("heads", str(r["heads"])), ("MLP size", str(r["mlp_dim"])),
            ("pooling", f"{r['pooling']} ({POOLING[r['pooling']]})"),
            ("position emb.", _posemb_line(r)), ("pre-logits", pre_logits)]
-  rows += _head_lines(r) + [("parameters", f"{r['parameters']:,} ({r['dtype']})"),
-                            ("fine-tune", r["finetune_command"])]
+  rows += _head_lines(r) + [("parameters", f"{r['parameters']:,} ({r['dtype']})")]
+  rows += _description_lines(r["description"]) + [("fine-tune", r["finetune_command"])]
   if r.get("figures"):
     rows += [("figures", "\n".join(r["figures"].values()))]
   return "\n".join(f"{name:<15}{line}" if i == 0 else f"{'':<15}{line}"
@@ -192,7 +226,8 @@ def _figures(ckpt: checkpoint.Loaded, args: argparse.Namespace) -> dict[str, Any
     images, captions, _ = explore.load_images(
         args.images, args.split or _eval_split(args.images), args.data_dir, args.num_images,
         args.download)
-    batch = explore.preprocess(images, ckpt.image_size)
+    batch = explore.preprocess(images, ckpt.image_size,
+                               ckpt.description.preprocessing.value_range)
   paths, distances = figures.write(ckpt, args.figures, batch, captions,
                                    batch_size=args.batch_size)
   out = {"figures": paths}
@@ -226,6 +261,15 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
   args = parser().parse_args(argv)
+  if exported.is_exported(args.checkpoint):
+    try:
+      described = checkpoint.describe(args.checkpoint).to_dict()
+    except (OSError, ValueError) as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 2
+    print(json.dumps({"checkpoint": args.checkpoint, "description": described}, indent=1)
+          if args.json else format_description(args.checkpoint, described))
+    return 0
   try:
     report, ckpt = describe(args.checkpoint, args.model, args.dataset)
     if args.figures:

@@ -134,7 +134,7 @@ def main(argv) -> None:
   from vit_jax import checkpoint
   try:
     metrics = loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except (ConfigError, checkpoint.CheckpointError) as e:
+  except (ConfigError, checkpoint.CheckpointError, checkpoint.DescriptionMismatch) as e:
     _fail(str(e))
   if metrics and jax.process_index() == 0:
     print("Final evaluation: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())),

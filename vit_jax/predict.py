@@ -7,10 +7,13 @@ CKPT: any checkpoint the project reads (a run's workdir or step dir, an .npz, au
 run with JAX on whatever device is present), or a model written by `vit_jax.export`: a
 SavedModel folder, a .tflite or an .onnx file. IMAGES: files, globs ('photos/**/*.jpg') or
 folders (searched recursively for .jpg .jpeg .png .gif .bmp .webp). Images are decoded as
-the input pipeline decodes them (grayscale to RGB) and resized to the model's resolution.
-The CSV has one row per image: path, then label_1, prob_1, ... label_k, prob_k (most
-likely first; softmax, or per-class sigmoid with --sigmoid). Without --out it goes to
-stdout. Unreadable images are skipped and listed on stderr and in the summary.
+the input pipeline decodes them (grayscale to RGB), resized (and cropped) to the model's
+resolution as its evaluation did, and scaled to the value range it was trained with: all as
+the checkpoint's description records. The CSV has one row per image: path, then label_1,
+prob_1, ... label_k, prob_k (most likely first; the class names the checkpoint records, else
+--labels, else "class N"; softmax, or per-class sigmoid for a model trained with sigmoid
+cross-entropy or with --sigmoid). Without --out it goes to stdout. Unreadable images are
+skipped and listed on stderr and in the summary.
 """
 import argparse
 import csv
@@ -24,6 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tqdm  # noqa: E402
 
+from vit_jax import checkpoint  # noqa: E402
 from vit_jax.serving import images as image_files  # noqa: E402
 from vit_jax.serving import labels as label_lib  # noqa: E402
 from vit_jax.serving import runners  # noqa: E402
@@ -52,13 +56,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def batches(paths: list[str], size: int, batch_size: int, unreadable: list[str],
-            progress: tqdm.tqdm) -> Iterator[tuple[list[str], np.ndarray]]:
+            progress: tqdm.tqdm, preprocessing: checkpoint.Preprocessing
+            ) -> Iterator[tuple[list[str], np.ndarray]]:
   """(paths, uint8 images) of up to batch_size readable images; the others are reported
   on stderr and appended to `unreadable`."""
   done, images = [], []
   for path in paths:
     try:
-      images.append(image_files.read_image(path, size))
+      images.append(image_files.read_image(path, size, preprocessing))
       done.append(path)
     except ValueError as e:
       unreadable.append(path)
@@ -75,9 +80,12 @@ def predict(runner: runners.Runner, paths: list[str], names: list[str], k: int,
             sigmoid: bool, batch_size: int, writer) -> list[str]:
   """Writes a row per readable image; returns the unreadable paths."""
   unreadable = []
+  preprocessing = (runner.description.preprocessing if runner.description
+                   else checkpoint.Preprocessing())
   with tqdm.tqdm(total=len(paths), unit="img", file=sys.stderr,
                  desc=f"{runner.format} {runner.image_size}px") as progress:
-    for done, batch in batches(paths, runner.image_size, batch_size, unreadable, progress):
+    for done, batch in batches(paths, runner.image_size, batch_size, unreadable, progress,
+                               preprocessing):
       if runner.format == "jax" and len(batch) < batch_size:  # One compiled shape.
         batch = np.concatenate([batch, np.zeros((batch_size - len(batch), *batch.shape[1:]),
                                                 np.uint8)])
@@ -85,6 +93,21 @@ def predict(runner: runners.Runner, paths: list[str], names: list[str], k: int,
       for path, row in zip(done, top):
         writer.writerow([path, *[x for name, p in row for x in (name, f"{p:.6f}")]])
   return unreadable
+
+
+def _names_and_output(runner: runners.Runner, args: argparse.Namespace) -> tuple[list[str], bool]:
+  """The class names and whether to use sigmoids: the checkpoint's description decides;
+  --labels and --sigmoid fill in what it does not record and must agree with what it does."""
+  described = runner.description
+  recorded_names = list(described.class_names) if described and described.class_names else None
+  names = label_lib.label_names(runner.num_classes, args.labels, recorded_names)
+  if args.labels and recorded_names:
+    checkpoint.check_option("the class names", "--labels", names, recorded_names,
+                            runner.source)
+  output = described.output if described else None
+  checkpoint.check_option("its output", "--sigmoid", "sigmoid" if args.sigmoid else None,
+                          output, runner.source)
+  return names, args.sigmoid or output == "sigmoid"
 
 
 def main(argv: list[str]) -> int:
@@ -97,14 +120,18 @@ def main(argv: list[str]) -> int:
     return 2
   load_kwargs = {k: v for k, v in (("model_name", args.model_name),
                                    ("image_size", args.image_size)) if v}
-  runner = runners.open_model(args.checkpoint, **load_kwargs)
-  names = label_lib.label_names(runner.num_classes, args.labels)
+  try:
+    runner = runners.open_model(args.checkpoint, **load_kwargs)
+    names, sigmoid = _names_and_output(runner, args)
+  except (OSError, ValueError) as e:  # CheckpointError and DescriptionMismatch among them.
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   k = min(args.top_k, runner.num_classes)
   out = open(args.out, "w", newline="") if args.out else sys.stdout
   try:
     writer = csv.writer(out)
     writer.writerow(["path", *[f"{c}_{i}" for i in range(1, k + 1) for c in ("label", "prob")]])
-    unreadable = predict(runner, paths, names, k, args.sigmoid, args.batch_size, writer)
+    unreadable = predict(runner, paths, names, k, sigmoid, args.batch_size, writer)
   finally:
     if args.out:
       out.close()

@@ -1,13 +1,17 @@
-"""Checkpoints: the released .npz layout (`npz`), a training run's orbax layout (`run`),
-and one loader from any checkpoint path to arrays or to a model with params (`loader`)."""
-from vit_jax.checkpoint.loader import Loaded, from_arrays, load, load_params, read
+"""Checkpoints: the released .npz layout (`npz`), a training run's orbax layout (`run`), what
+a checkpoint records about itself (`description`), and one loader from any checkpoint path
+to arrays and description, or to a model with params (`loader`)."""
+from vit_jax.checkpoint.description import (Description, DescriptionMismatch, Preprocessing,
+                                            check_option)
+from vit_jax.checkpoint.loader import Loaded, describe, from_arrays, load, load_params, read
 from vit_jax.checkpoint.npz import (POSEMB_KEY, CheckpointError, fit_to_target, flatten,
                                     infer_model_config, load_npz, load_npz_flat, read_npz,
                                     resize_posemb, save_npz, unflatten)
-from vit_jax.checkpoint.run import latest_step_dir, read_params
+from vit_jax.checkpoint.run import latest_step_dir, read_params, read_step
 
 __all__ = [
-    "CheckpointError", "Loaded", "POSEMB_KEY", "fit_to_target", "flatten", "from_arrays",
+    "CheckpointError", "Description", "DescriptionMismatch", "Loaded", "POSEMB_KEY",
+    "Preprocessing", "check_option", "describe", "fit_to_target", "flatten", "from_arrays",
     "infer_model_config", "latest_step_dir", "load", "load_npz", "load_npz_flat", "load_params",
-    "read", "read_npz", "read_params", "resize_posemb", "save_npz", "unflatten",
+    "read", "read_npz", "read_params", "read_step", "resize_posemb", "save_npz", "unflatten",
 ]

@@ -1,14 +1,15 @@
-"""One way from any checkpoint path to arrays, and to a model with its params.
+"""One way from any checkpoint path to arrays and its description, and to a model with its
+params.
 
 A path is a released-layout .npz (any of the layouts `npz` reads, local or gs://), an
 AugReg name (`augreg:S_16`, `augreg:FILENAME`, fetched into the cache), a training run's
-workdir (its latest step) or one of its step directories. The architecture comes from
-the run's metadata, from a model name (checked against the arrays), or from the arrays'
-shapes; the head, pre-logits, pooling and position embedding always come from the file.
+workdir (its latest step) or one of its step directories. The model, resolution, input
+preprocessing and classes come from the checkpoint's description (`description`); a file
+released without one has its architecture read off the arrays' shapes (or checked against
+a model name), its resolution off the position embedding or the AugReg index.
 """
 import dataclasses
 import json
-import math
 from typing import Any
 
 import jax
@@ -17,17 +18,31 @@ import numpy as np
 from etils import epath
 
 from vit_jax import models
-from vit_jax.checkpoint import augreg, npz, run
-
-DEFAULT_IMAGE_SIZE = 224  # For models without a learned position embedding to read it from.
+from vit_jax.checkpoint import augreg, description as desc_lib, exported, npz, run
+from vit_jax.checkpoint.description import Description
 
 
 @dataclasses.dataclass
 class Loaded:
   model: models.VisionTransformer
   params: dict[str, Any]
-  image_size: int  # The resolution `params` are fitted to.
+  description: Description  # Of the loaded model: `image_size` is the one params fit.
   source: str  # The file or step directory read.
+
+  @classmethod
+  def from_model(cls, model: models.VisionTransformer, params: dict[str, Any], image_size: int,
+                 source: str) -> "Loaded":
+    """A model built in code, described with the default preprocessing (assumed)."""
+    fields = {f: getattr(model, f) for f in models.registry.ARCHITECTURE + (
+        "classifier", "representation_size", "posemb")}
+    described = desc_lib.Description(model=fields, image_size=image_size,
+                                     num_classes=model.num_classes,
+                                     model_name=model.name_in_registry, assumed=("preprocessing",))
+    return cls(model, params, described, source)
+
+  @property
+  def image_size(self) -> int:
+    return self.description.image_size
 
   @property
   def grid(self) -> tuple[int, int]:
@@ -46,27 +61,6 @@ class Loaded:
             f"classifier={self.model.classifier!r}")
 
 
-def read(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any] | None, str]:
-  """(flat original-layout arrays, run metadata or None, the file or step dir read)."""
-  if augreg.is_spec(path):
-    path = augreg.resolve(path).path
-  p = epath.Path(path)
-  if not p.exists():
-    raise FileNotFoundError(f"No checkpoint at {path}.")
-  if p.is_dir():
-    step_dir = run.latest_step_dir(p)
-    flat, meta = run.read_params(step_dir)
-    return flat, meta, str(step_dir)
-  return npz.load_npz_flat(path), None, str(path)
-
-
-def load_params(path: str, target: npz.Params) -> dict[str, Any]:
-  """Params of any checkpoint path fitted to `target` (e.g. a model to fine-tune):
-  position embedding resized, head reset if the class count differs."""
-  flat, _, _ = read(path)
-  return npz.fit_to_target(flat, target)
-
-
 def _checked_name(flat: dict[str, np.ndarray], model_name: str,
                   overrides: dict[str, Any]) -> dict[str, Any]:
   """The fields of `model_name`, after checking that the arrays hold that architecture."""
@@ -83,55 +77,96 @@ def _checked_name(flat: dict[str, np.ndarray], model_name: str,
   return fields | {k: v for k, v in found.items() if k not in models.registry.ARCHITECTURE}
 
 
-def _model_fields(flat, meta, model_name, overrides, source) -> tuple[str | None, dict]:
-  if meta is not None:
-    if model_name and model_name != meta["model_name"]:
-      raise npz.CheckpointError(f"{source} holds a {meta['model_name']}, not a {model_name}: "
-                                f"pass model_name={meta['model_name']!r} (or None).")
-    return meta["model_name"], dict(meta["model"])
+def _released(flat: dict[str, np.ndarray], image_size: int | None = None,
+              model_name: str | None = None) -> Description:
+  """The description of a file that carries none (the official and big_vision releases);
+  the AugReg index names the model and resolution of its files."""
+  fields = npz.infer_model_config(flat)
+  name = model_name or models.registry.match_name(fields)
+  if image_size is None and npz.POSEMB_KEY in flat:
+    stride = models.VisionTransformer(num_classes=None, **fields).stride
+    image_size = desc_lib.grid_image_size(flat[npz.POSEMB_KEY].shape[1],
+                                          fields.get("classifier", "token") == "token", stride)
+  num_classes = flat["head/kernel"].shape[-1] if "head/kernel" in flat else None
+  return desc_lib.released(fields, name, num_classes, image_size)
+
+
+def read(path: str) -> tuple[dict[str, np.ndarray], Description, str]:
+  """(flat original-layout arrays, the checkpoint's description, the file or step dir read)."""
+  if augreg.is_spec(path):
+    resolved = augreg.resolve(path)
+    flat = npz.load_npz_flat(resolved.path)
+    return flat, _released(flat, resolved.image_size, resolved.model_name), resolved.path
+  p = epath.Path(path)
+  if not p.exists():
+    raise FileNotFoundError(f"No checkpoint at {path}.")
+  if p.is_dir():
+    step_dir = run.latest_step_dir(p)
+    flat, described = run.read_step(step_dir)
+    return flat, described, str(step_dir)
+  flat, described = npz.split_description(npz.read_npz(path))
+  return flat, described or _released(flat), str(path)
+
+
+def describe(path: str) -> Description:
+  """The description of any checkpoint `read` takes, or of a model `vit_jax.export` wrote
+  (a SavedModel folder, a .tflite or an .onnx file)."""
+  if exported.is_exported(path):
+    return exported.read(path)
+  if not augreg.is_spec(path) and epath.Path(path).is_dir():  # A run: no arrays to read.
+    return run.read_step_description(run.latest_step_dir(path))
+  return read(path)[1]
+
+
+def load_params(path: str, target: npz.Params) -> dict[str, Any]:
+  """Params of any checkpoint path fitted to `target` (e.g. a model to fine-tune):
+  position embedding resized, head reset if the class count differs."""
+  flat, _, _ = read(path)
+  return npz.fit_to_target(flat, target)
+
+
+def _model_fields(flat: dict[str, np.ndarray], described: Description, model_name: str | None,
+                  overrides: dict[str, Any], source: str) -> tuple[str | None, dict]:
+  if "model" not in described.assumed:  # Written by this project: the description says.
+    desc_lib.check_option("the model", "model_name", model_name, described.model_name, source)
+    return described.model_name, dict(described.model)
   if model_name:
     return model_name, _checked_name(flat, model_name, overrides)
-  fields = npz.infer_model_config(flat)
-  return models.registry.match_name(fields), fields
-
-
-def _native_image_size(flat: dict[str, np.ndarray], model: models.VisionTransformer) -> int:
-  if npz.POSEMB_KEY not in flat:
-    return DEFAULT_IMAGE_SIZE
-  tokens = flat[npz.POSEMB_KEY].shape[1] - (model.classifier == "token")
-  return math.isqrt(tokens) * model.stride
+  return described.model_name, dict(described.model)
 
 
 def load(path: str, model_name: str | None = None, *, image_size: int | None = None,
          head: bool = True, **overrides: Any) -> Loaded:
   """A model and its params from any checkpoint path.
 
-  `model_name` is checked against the file (a run's own name, or the .npz's shapes);
+  `model_name` is checked against the file (its description, or the .npz's shapes);
   without it the architecture is read off the file. `overrides` are VisionTransformer
   fields (e.g. a custom patch_size, dtype). `image_size` defaults to the resolution the
-  position embedding was trained at; other sizes resize it. `head=False` drops the
-  classification head, leaving the representation (pre-logits) as the output.
+  checkpoint was trained at; other sizes resize the position embedding. `head=False` drops
+  the classification head, leaving the representation (pre-logits) as the output.
   """
   return from_arrays(*read(path), model_name, image_size=image_size, head=head, **overrides)
 
 
-def from_arrays(flat: dict[str, np.ndarray], meta: dict[str, Any] | None, source: str,
+def from_arrays(flat: dict[str, np.ndarray], described: Description, source: str,
                 model_name: str | None = None, *, image_size: int | None = None,
                 head: bool = True, **overrides: Any) -> Loaded:
   """`load` of what `read` returned: for callers that also look at the file's own arrays
   (their dtypes, a zeroed head) without reading it twice."""
-  name, fields = _model_fields(flat, meta, model_name, overrides, source)
+  name, fields = _model_fields(flat, described, model_name, overrides, source)
   fields = models.model_config(name, **fields) if name else dict(fields)
   fields.update(overrides)
   if head:
-    fields["num_classes"] = meta["num_classes"] if meta else (
-        flat["head/kernel"].shape[-1] if "head/kernel" in flat else None)
+    fields["num_classes"] = (flat["head/kernel"].shape[-1] if "head/kernel" in flat
+                             else described.num_classes)
   else:
     fields["num_classes"] = None
     flat = {k: v for k, v in flat.items() if not k.startswith("head/")}
   fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
   model = models.VisionTransformer(name_in_registry=name, **fields)
-  image_size = image_size or _native_image_size(flat, model)
+  image_size = image_size or described.image_size
   abstract = jax.eval_shape(model.init, jax.random.key(0),
                             jnp.zeros((1, image_size, image_size, 3)))["params"]
-  return Loaded(model, npz.fit_to_target(flat, abstract), image_size, source)
+  loaded = described.replace(image_size=image_size, num_classes=model.num_classes,
+                             class_names=described.class_names if head else ())
+  return Loaded(model, npz.fit_to_target(flat, abstract), loaded, source)

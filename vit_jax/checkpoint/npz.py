@@ -23,6 +23,8 @@ import scipy.ndimage
 from etils import epath
 from flax import traverse_util
 
+from vit_jax.checkpoint import description as description_lib
+
 Params = Mapping[str, Any]
 
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
@@ -105,9 +107,17 @@ def to_original_layout(flat: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
   return flat
 
 
+def split_description(arrays: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Any]:
+  """(the arrays of an .npz in any layout, as flat keys of the original layout; the
+  `checkpoint.Description` that `save_npz` wrote into it, or None)."""
+  described = description_lib.from_npz_entry(arrays)
+  arrays = {k: v for k, v in arrays.items() if k != description_lib.DESCRIPTION_KEY}
+  return to_original_layout(arrays), described
+
+
 def load_npz_flat(path: str) -> dict[str, np.ndarray]:
   """Reads a released .npz in any layout, as flat keys of the original layout."""
-  return to_original_layout(read_npz(path))
+  return split_description(read_npz(path))[0]
 
 
 def infer_model_config(flat: Mapping[str, np.ndarray]) -> dict[str, Any]:
@@ -228,9 +238,13 @@ def load_npz(path: str, target: Optional[Params] = None) -> dict[str, Any]:
   return fit_to_target(flat, target)
 
 
-def save_npz(path: str, params: Params) -> None:
-  """Writes params as a flat .npz with '/'-joined keys: the original release layout."""
+def save_npz(path: str, params: Params, description: Any = None) -> None:
+  """Writes params as a flat .npz with '/'-joined keys: the original release layout; a
+  `checkpoint.Description` goes in as one more entry (a string, which the official code and
+  timm skip over)."""
   flat = {k: np.asarray(v) for k, v in flatten(params).items()}
+  if description is not None:
+    flat[description_lib.DESCRIPTION_KEY] = np.array(description.to_json())
   path = epath.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   buf = io.BytesIO()

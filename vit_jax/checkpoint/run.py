@@ -1,6 +1,6 @@
 """The layout of a training run's checkpoints (orbax): WORKDIR/checkpoints/STEP/ holds
-`state` (the train state) and `meta` (JSON: what the run must agree with to resume it, and
-a checksum of every array of the state).
+`state` (the train state) and `meta` (JSON: what the run must agree with to resume it, a
+checksum of every array of the state, and the step's `Description`).
 
 Here: the manager, saving and restoring one step (verified against its checksums, falling
 back to older steps and setting bad ones aside), the resumability check, the latest step,
@@ -16,9 +16,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from vit_jax.checkpoint.description import Description, Preprocessing, output_of_loss
 from vit_jax.checkpoint.npz import CheckpointError, flatten
 
 ITEMS = ("state", "meta")
+# Keys of `meta` beside what a resumed run must agree with.
+_RECORDS = ("checksums", "description")
 
 
 def checkpoint_dir(workdir: str | epath.Path) -> epath.Path:
@@ -71,9 +74,12 @@ def checksums(state: Any) -> dict[str, int]:
   return {jax.tree_util.keystr(path): int(v) for path, v in flat}
 
 
-def save(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any]) -> None:
-  """Saves `state` with `meta` and the state's checksums (verified by `restore_latest`)."""
-  meta = dict(meta, checksums=checksums(state))
+def save(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any],
+         description: Description) -> None:
+  """Saves `state` with `meta`, the state's checksums (verified by `restore_latest`) and
+  `description` at this step."""
+  meta = dict(meta, checksums=checksums(state),
+              description=description.replace(step=step).to_dict())
   manager.save(step, args=ocp.args.Composite(
       state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
 
@@ -162,7 +168,7 @@ def check_resumable(found: dict[str, Any] | None, wanted: dict[str, Any], workdi
   batch, steps, data) are resumed with a warning when `allow_changes`."""
   if found is None:
     return
-  found, wanted = _leaves({k: v for k, v in found.items() if k != "checksums"}), _leaves(wanted)
+  found, wanted = _leaves({k: v for k, v in found.items() if k not in _RECORDS}), _leaves(wanted)
   diffs = [(k, found.get(k), wanted.get(k)) for k in sorted(set(found) | set(wanted))
            if found.get(k) != wanted.get(k)]
   if not diffs:
@@ -198,12 +204,17 @@ def latest_step_dir(path: str | epath.Path) -> epath.Path:
   return path
 
 
-def read_params(step_dir: str | epath.Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-  """Params (flat, original layout) and metadata of one step, as host numpy arrays."""
+def _checked_step_dir(step_dir: str | epath.Path) -> epath.Path:
   step_dir = epath.Path(step_dir)
   if not is_step_dir(step_dir):
     raise CheckpointError(f"{step_dir} is not a vit_jax checkpoint step directory "
                           "(WORKDIR/checkpoints/STEP with state/ and meta/).")
+  return step_dir
+
+
+def read_params(step_dir: str | epath.Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+  """Params (flat, original layout) and metadata of one step, as host numpy arrays."""
+  step_dir = _checked_step_dir(step_dir)
   checkpointer = ocp.PyTreeCheckpointer()
   tree = checkpointer.metadata(step_dir / "state").item_metadata.tree
   restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
@@ -211,3 +222,28 @@ def read_params(step_dir: str | epath.Path) -> tuple[dict[str, np.ndarray], dict
                                args=ocp.args.PyTreeRestore(restore_args=restore_args))
   meta = json.loads((step_dir / "meta" / "metadata").read_text())
   return flatten(state["params"]), meta
+
+
+def step_description(meta: dict[str, Any], step: int) -> Description:
+  """The description saved with a step; for a step saved before descriptions, the one its
+  resume metadata implies (no class names, config or parent: those were not kept)."""
+  if "description" in meta:
+    return Description.from_dict(meta["description"])
+  data = meta["trajectory"]["data"]
+  return Description(
+      model=meta["model"], model_name=meta["model_name"], num_classes=meta["num_classes"],
+      image_size=data["image_size"], preprocessing=Preprocessing.from_data_config(data),
+      output=output_of_loss(meta["trajectory"]["loss"]), dataset=data["name"], step=step)
+
+
+def read_step(step_dir: str | epath.Path) -> tuple[dict[str, np.ndarray], Description]:
+  """Params (flat, original layout) and description of one step, as host numpy arrays."""
+  flat, meta = read_params(step_dir)
+  return flat, step_description(meta, int(epath.Path(step_dir).name))
+
+
+def read_step_description(step_dir: str | epath.Path) -> Description:
+  """The description of one step, without reading its arrays."""
+  step_dir = _checked_step_dir(step_dir)
+  meta = json.loads((step_dir / "meta" / "metadata").read_text())
+  return step_description(meta, int(step_dir.name))

@@ -10,6 +10,7 @@ EVAL_CROPS = ("resize", "central_crop")
 ON_BAD_IMAGE = ("fail", "skip")
 RANDAUG_POLICIES = ("augreg", "paper")  # randaugment.POLICIES' keys.
 MAX_RANDAUG_MAGNITUDE = 30.0
+DEFAULT_VALUE_RANGE = (-1.0, 1.0)  # The official code's and big_vision's.
 
 
 def get_data_config() -> ml_collections.ConfigDict:
@@ -30,7 +31,9 @@ def get_data_config() -> ml_collections.ConfigDict:
   c.flip = True  # Random horizontal flips in training.
   c.eval_crop = "resize"  # One of EVAL_CROPS.
   c.central_crop_fraction = 0.875  # 'central_crop': resize to size/fraction, crop.
-  c.value_range = (-1.0, 1.0)
+  # What [0, 255] pixels map onto. None: the range config.pretrained's description records
+  # (a fine-tuned model sees what it was trained on), else DEFAULT_VALUE_RANGE.
+  c.value_range = ml_collections.FieldReference(None, field_type=tuple)
   # Mixup's Beta(alpha, alpha), big_vision's `p`; 0 turns it off, else labels are soft targets.
   c.mixup_alpha = 0.0
   # RandAugment after cropping and flipping: randaug_layers ops per image (0: off) at
@@ -91,7 +94,8 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   for field in ("flip", "cache", "download", "allow_class_mismatch"):
     _check(isinstance(cfg[field], bool), field, cfg[field], "must be True or False")
   for field in ("inception_area", "value_range"):
-    _check(_is_pair(cfg[field]), field, cfg[field], "must be a pair (low, high) with low < high")
+    _check(_is_pair(cfg[field]) or (field == "value_range" and cfg[field] is None), field,
+           cfg[field], "must be a pair (low, high) with low < high")
   _check(0 < cfg.inception_area[0] and cfg.inception_area[1] <= 1, "inception_area",
          cfg.inception_area, "must lie in (0, 1]")
   _check(0 < cfg.central_crop_fraction <= 1, "central_crop_fraction",
@@ -102,3 +106,8 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   _check(isinstance(magnitude, numbers.Real) and not isinstance(magnitude, bool) and
          0 <= magnitude <= MAX_RANDAUG_MAGNITUDE, "randaug_magnitude", magnitude,
          f"must be a number in [0, {MAX_RANDAUG_MAGNITUDE:g}] (10: the TF code's max level)")
+
+
+def value_range(cfg: ml_collections.ConfigDict) -> tuple[float, float]:
+  """cfg.value_range, or the default where it is None."""
+  return tuple(cfg.value_range) if cfg.value_range is not None else DEFAULT_VALUE_RANGE

@@ -142,7 +142,7 @@ def _augment(cfg: ml_collections.ConfigDict, fitted: bool):
     if cfg.randaug_layers:
       images = randaugment.randaugment(images, randaug_rng, cfg.randaug_layers,
                                        cfg.randaug_magnitude, cfg.randaug_policy)
-    return {"image": pp.value_range(images, *cfg.value_range),
+    return {"image": pp.value_range(images, *config_lib.value_range(cfg)),
             "label": tf.cast(batch["label"], tf.int32)}
   return fn
 
@@ -155,7 +155,7 @@ def _eval_preprocess(cfg: ml_collections.ConfigDict):
       image = pp.central_crop(image, size)
     else:
       image = pp.resize(image, size)
-    return {"image": pp.gray_to_rgb(pp.value_range(image, *cfg.value_range)),
+    return {"image": pp.gray_to_rgb(pp.value_range(image, *config_lib.value_range(cfg))),
             "label": tf.cast(example["label"], tf.int32),
             "mask": tf.constant(1.0)}
   return fn

@@ -14,9 +14,19 @@ import numpy as np
 from jax.sharding import Sharding
 
 from vit_jax import data
+from vit_jax.checkpoint.description import Preprocessing
 
 BIAS_CONSTANT = 100.0
+# The defaults of every few-shot entry point (config.fewshot, vit_jax.fewshot, the notebook).
+DEFAULT_SHOTS = (1, 5, 10, 25)
+DEFAULT_SEEDS = 3
 DEFAULT_L2 = tuple(2.0**k for k in range(-10, 20, 2))
+
+
+def check_l2(l2_regs: Sequence[float]) -> None:
+  """Raises ValueError unless there are l2 regularisers and all are > 0."""
+  if not l2_regs or min(l2_regs) <= 0:
+    raise ValueError(f"few-shot l2 values must be > 0, got {list(l2_regs)}.")
 
 
 def standardise(x_train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
@@ -30,8 +40,7 @@ def standardise(x_train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
 def ridge_weights(x: np.ndarray, y: np.ndarray, l2_regs: Sequence[float],
                   num_classes: int) -> list[np.ndarray]:
   """argmin_W |XW - T|^2 + l2 |W|^2 for each l2, T = 2 * onehot(y) - 1. x: (n, d)."""
-  if min(l2_regs) <= 0:
-    raise ValueError(f"l2 regularisers must be > 0, got {list(l2_regs)}.")
+  check_l2(l2_regs)
   x = x.astype(np.float64)
   targets = 2.0 * np.eye(num_classes)[y] - 1.0
   n, d = x.shape
@@ -74,11 +83,15 @@ def compute_features(repr_fn: Callable, batches: Iterable[dict]) -> tuple[np.nda
 
 def dataset_batches(name: str, data_dir: str | None, split: str, image_size: int,
                     batch_size: int, sharding: Sharding,
+                    preprocessing: Preprocessing = Preprocessing(),
                     download: bool = False) -> tuple[Callable, int]:
-  """A callable giving one masked pass over `split` of a dataset, and its class count."""
+  """A callable giving one masked pass over `split` of a dataset, preprocessed as the model
+  expects, and its class count."""
   cfg = data.get_data_config()
   cfg.update(name=name, data_dir=data_dir, eval_split=split, train_split=split,
-             image_size=image_size, download=download)
+             image_size=image_size, download=download, value_range=preprocessing.value_range,
+             eval_crop=preprocessing.crop,
+             central_crop_fraction=preprocessing.central_crop_fraction)
   info = data.dataset_info(cfg)
   return (lambda: data.eval_iterator(cfg, global_batch_size=batch_size, sharding=sharding),
           info.num_classes)
@@ -86,14 +99,15 @@ def dataset_batches(name: str, data_dir: str | None, split: str, image_size: int
 
 def fewshot_datasets(names: Sequence[str], data_dir: str | None, train_split: str,
                      test_split: str, image_size: int, batch_size: int, sharding: Sharding,
+                     preprocessing: Preprocessing = Preprocessing(),
                      download: bool = False) -> dict[str, tuple[Callable, Callable, int]]:
   """What FewShotEvaluator takes: per dataset, (train batches, test batches, class count)."""
   out = {}
   for name in names:
     train, num_classes = dataset_batches(name, data_dir, train_split, image_size, batch_size,
-                                         sharding, download)
+                                         sharding, preprocessing, download)
     test, _ = dataset_batches(name, data_dir, test_split, image_size, batch_size, sharding,
-                              download)
+                              preprocessing, download)
     out[name] = (train, test, num_classes)
   return out
 
@@ -122,7 +136,7 @@ class FewShotResult:
 
 def evaluate_dataset(name: str, train: tuple[np.ndarray, np.ndarray],
                      test: tuple[np.ndarray, np.ndarray], num_classes: int,
-                     shots: Sequence[int] = (1, 5, 10, 25), seeds: int = 3,
+                     shots: Sequence[int] = DEFAULT_SHOTS, seeds: int = DEFAULT_SEEDS,
                      l2_regs: Sequence[float] = DEFAULT_L2,
                      val_per_class: int = 10) -> list[FewShotResult]:
   """Few-shot accuracies on one dataset's cached features.
@@ -163,10 +177,9 @@ class FewShotEvaluator:
   """
 
   def __init__(self, repr_fn: Callable, datasets: dict[str, tuple[Callable, Callable, int]],
-               shots: Sequence[int] = (1, 5, 10, 25), seeds: int = 3,
+               shots: Sequence[int] = DEFAULT_SHOTS, seeds: int = DEFAULT_SEEDS,
                l2_regs: Sequence[float] = DEFAULT_L2, val_per_class: int = 10):
-    if min(l2_regs) <= 0:
-      raise ValueError(f"fewshot l2 values must be > 0, got {list(l2_regs)}.")
+    check_l2(l2_regs)
     self.repr_fn = jax.jit(repr_fn)
     self.datasets, self.shots, self.seeds = datasets, tuple(shots), seeds
     self.l2_regs, self.val_per_class = tuple(l2_regs), val_per_class

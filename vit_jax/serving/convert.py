@@ -1,11 +1,13 @@
 """One call from a loaded checkpoint to any serving format: SavedModel, TFLite, ONNX.
 
 TFLite is converted from the SavedModel and ONNX from the TFLite model (see `onnx`); the
-steps between are written to a temporary folder and removed.
+steps between are written to a temporary folder and removed. Each format carries the
+checkpoint's description (`checkpoint.exported`).
 """
 import tempfile
 
 from vit_jax import checkpoint
+from vit_jax.checkpoint import exported
 from vit_jax.serving import savedmodel, tflite
 
 FORMATS = ("savedmodel", "tflite", "onnx")
@@ -13,7 +15,7 @@ FORMATS = ("savedmodel", "tflite", "onnx")
 
 def write(loaded: checkpoint.Loaded, out: str, fmt: str, **kwargs) -> str:
   """Writes `loaded` as `fmt` to `out` (a folder for a SavedModel, else a file); `kwargs`
-  go to savedmodel.serving_module (value_range, platforms). Returns `out`."""
+  go to savedmodel.serving_module (platforms). Returns `out`."""
   if fmt not in FORMATS:
     raise ValueError(f"Unknown serving format {fmt!r}: use one of {', '.join(FORMATS)}.")
   if fmt == "savedmodel":
@@ -21,6 +23,9 @@ def write(loaded: checkpoint.Loaded, out: str, fmt: str, **kwargs) -> str:
   with tempfile.TemporaryDirectory(prefix="vit_jax_export_") as tmp:
     saved = savedmodel.save(loaded, f"{tmp}/saved_model", **kwargs)
     if fmt == "tflite":
-      return tflite.from_savedmodel(saved, out)
+      tflite.from_savedmodel(saved, out)
+      exported.write_tflite(out, loaded.description)
+      return out
     from vit_jax.serving import onnx
-    return onnx.from_tflite(tflite.from_savedmodel(saved, f"{tmp}/model.tflite"), out)
+    return onnx.from_tflite(tflite.from_savedmodel(saved, f"{tmp}/model.tflite"), out,
+                            loaded.description)

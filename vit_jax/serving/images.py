@@ -1,5 +1,6 @@
 """Image files for prediction: found from files, globs and folders, decoded with TensorFlow
-as the input pipeline decodes them, resized to the model's resolution, as uint8."""
+as the input pipeline decodes them, resized (and cropped) to the model's resolution as its
+evaluation does, as uint8."""
 import glob
 import os
 import re
@@ -8,6 +9,7 @@ from collections.abc import Iterable
 import numpy as np
 import tensorflow as tf
 
+from vit_jax.checkpoint.description import Preprocessing
 from vit_jax.data import preprocess as pp
 
 # What a folder is searched for (TensorFlow's decode_image reads all of these); a file
@@ -40,10 +42,11 @@ def to_uint8(images: tf.Tensor) -> tf.Tensor:
   return tf.cast(tf.clip_by_value(tf.round(images), 0, 255), tf.uint8)
 
 
-def read_image(path: str, size: int) -> np.ndarray:
+def read_image(path: str, size: int, preprocessing: Preprocessing = Preprocessing()) -> np.ndarray:
   """One image file as uint8 (size, size, 3): decoded as the pipeline decodes (grayscale
-  repeated to RGB), resized as its evaluation does (`eval_crop='resize'`: bilinear,
-  antialiased when shrinking), rounded back to uint8. Raises ValueError if unreadable."""
+  repeated to RGB), resized as its evaluation does (bilinear, antialiased when shrinking;
+  `central_crop`: the shorter side to size / fraction, then the centre), rounded back to
+  uint8. Raises ValueError if unreadable."""
   try:
     image = pp.decode(tf.io.read_file(path), 3)
   except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError,
@@ -53,4 +56,7 @@ def read_image(path: str, size: int) -> np.ndarray:
     raise ValueError(message.strip() or type(e).__name__) from None
   if image.shape[0] == 0 or image.shape[1] == 0:
     raise ValueError("the image is empty")
+  if preprocessing.crop == "central_crop":
+    image = pp.resize_small(image, round(size / preprocessing.central_crop_fraction))
+    return to_uint8(pp.central_crop(image, size)).numpy()
   return to_uint8(pp.resize(image, size)).numpy()

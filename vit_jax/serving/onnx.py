@@ -14,6 +14,8 @@ import importlib
 
 import numpy as np
 
+from vit_jax.checkpoint import exported
+from vit_jax.checkpoint.description import Description
 from vit_jax.serving import savedmodel, tflite
 
 OPSET = 17
@@ -73,8 +75,10 @@ def _unsorted_segment_prod(ctx, node, name, args) -> None:
                          name=name, shapes=shapes, dtypes=[dtype])
 
 
-def from_tflite(tflite_file: str, out_file: str, opset: int = OPSET) -> str:
-  """Converts `tflite_file` (float32, from `tflite.from_savedmodel`) to `out_file`."""
+def from_tflite(tflite_file: str, out_file: str, description: Description | None = None,
+                opset: int = OPSET) -> str:
+  """Converts `tflite_file` (float32, from `tflite.from_savedmodel`) to `out_file`, with
+  `description` in its metadata."""
   onnx, convert = _require("onnx"), _require("tf2onnx.convert")
   model, _ = convert.from_tflite(
       tflite_file, opset=opset,
@@ -85,6 +89,8 @@ def from_tflite(tflite_file: str, out_file: str, opset: int = OPSET) -> str:
   if missing:
     raise ValueError(f"{tflite_file} has no serving signature with {sorted(missing)}: convert "
                      "a TFLite model written by vit_jax.serving.tflite.from_savedmodel.")
+  if description is not None:
+    exported.add_to_onnx(model, description)
   onnx.checker.check_model(model)
   onnx.save(model, out_file)
   return out_file

@@ -7,7 +7,7 @@ All take the serving signature's input, so they are compared image for image.
 """
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +15,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vit_jax import checkpoint
+from vit_jax.checkpoint import exported
+from vit_jax.checkpoint.description import Description
 from vit_jax.serving import savedmodel
 
 FORMATS = ("jax", "savedmodel", "tflite", "onnx")
@@ -22,12 +24,14 @@ FORMATS = ("jax", "savedmodel", "tflite", "onnx")
 
 @dataclasses.dataclass
 class Runner:
-  """`run(uint8 images) -> logits` of one model in one format, and its input size."""
+  """`run(uint8 images) -> logits` of one model in one format, its input size, and the
+  checkpoint's description (None for a model exported before descriptions)."""
   format: str
   image_size: int
   num_classes: int
   run: Callable[[np.ndarray], np.ndarray]
   source: str
+  description: Description | None = None
 
   def __call__(self, images: np.ndarray) -> np.ndarray:
     if images.dtype != np.uint8 or images.shape[1:] != (self.image_size, self.image_size, 3):
@@ -36,10 +40,9 @@ class Runner:
     return np.asarray(self.run(images), np.float32)
 
 
-def jax_runner(loaded: checkpoint.Loaded,
-               value_range: Sequence[float] = savedmodel.VALUE_RANGE) -> Runner:
+def jax_runner(loaded: checkpoint.Loaded) -> Runner:
   """The checkpoint's model under jax.jit, with the serving signature's preprocessing."""
-  low, high = value_range
+  low, high = loaded.description.preprocessing.value_range
   model, devices = loaded.model, jax.local_devices()
   mesh = Mesh(np.array(devices), ("data",))
   params = jax.device_put(loaded.params, NamedSharding(mesh, PartitionSpec()))
@@ -54,7 +57,15 @@ def jax_runner(loaded: checkpoint.Loaded,
     images = np.concatenate([images, np.zeros((pad, *images.shape[1:]), images.dtype)])
     return logits(params, jax.device_put(images, NamedSharding(mesh, PartitionSpec("data"))))[:n]
 
-  return Runner("jax", loaded.image_size, model.num_classes, run, loaded.source)
+  return Runner("jax", loaded.image_size, model.num_classes, run, loaded.source,
+                loaded.description)
+
+
+def _description(path: str) -> Description | None:
+  try:
+    return exported.read(path)
+  except ValueError:
+    return None
 
 
 def savedmodel_runner(path: str) -> Runner:
@@ -63,7 +74,7 @@ def savedmodel_runner(path: str) -> Runner:
   spec = serve.structured_input_signature[1][savedmodel.INPUT]
   num_classes = serve.structured_outputs["logits"].shape[-1]
   run = lambda images: serve(**{savedmodel.INPUT: tf.constant(images)})["logits"].numpy()  # noqa: E731
-  return Runner("savedmodel", spec.shape[1], num_classes, run, path)
+  return Runner("savedmodel", spec.shape[1], num_classes, run, path, _description(path))
 
 
 def tflite_runner(path: str, num_threads: int | None = None) -> Runner:
@@ -72,7 +83,7 @@ def tflite_runner(path: str, num_threads: int | None = None) -> Runner:
   shape = runner.get_input_details()[savedmodel.INPUT]["shape_signature"]
   num_classes = runner.get_output_details()["logits"]["shape_signature"][-1]
   run = lambda images: runner(**{savedmodel.INPUT: images})["logits"]  # noqa: E731
-  return Runner("tflite", int(shape[1]), int(num_classes), run, path)
+  return Runner("tflite", int(shape[1]), int(num_classes), run, path, _description(path))
 
 
 def onnx_runner(path: str, num_threads: int | None = None) -> Runner:
@@ -81,7 +92,7 @@ def onnx_runner(path: str, num_threads: int | None = None) -> Runner:
   shape = session.get_inputs()[0].shape
   num_classes = next(o.shape[-1] for o in session.get_outputs() if o.name == "logits")
   run = lambda images: session.run(["logits"], {savedmodel.INPUT: images})[0]  # noqa: E731
-  return Runner("onnx", int(shape[1]), int(num_classes), run, path)
+  return Runner("onnx", int(shape[1]), int(num_classes), run, path, _description(path))
 
 
 def model_format(path: str) -> str:

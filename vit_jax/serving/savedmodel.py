@@ -3,7 +3,9 @@
 The serving signature takes what a client has, uint8 images (batch, H, W, 3) at the
 model's resolution, any batch size, and returns `logits` (batch, classes) float32 and
 `top5` (batch, 5) int32, the indices of the largest logits. Preprocessing is part of it:
-the input pipeline's own `value_range` op maps [0, 255] to the model's range, (-1, 1).
+the input pipeline's own `value_range` op maps [0, 255] to the range the checkpoint's
+description records (the one it was trained with). The description itself is written
+beside the graph (`checkpoint.exported`).
 
 jax2tf (jax 0.10) serializes natively only: the model becomes one `XlaCallModule` op
 holding a StableHLO program per platform of PLATFORMS, so the SavedModel runs wherever
@@ -19,13 +21,13 @@ from etils import epath
 from jax.experimental import jax2tf
 
 from vit_jax import checkpoint
+from vit_jax.checkpoint import exported
 from vit_jax.data import preprocess as pp
 
 SIGNATURE = "serving_default"
 INPUT = "images"
 OUTPUTS = ("logits", "top5")
 PLATFORMS = ("cpu", "cuda", "tpu")
-VALUE_RANGE = (-1.0, 1.0)  # config.data.value_range's default, which every recipe here keeps.
 
 
 def _check_servable(loaded: checkpoint.Loaded) -> None:
@@ -34,10 +36,11 @@ def _check_servable(loaded: checkpoint.Loaded) -> None:
                      "logits, so export a checkpoint with a head (head=True).")
 
 
-def serving_module(loaded: checkpoint.Loaded, value_range: Sequence[float] = VALUE_RANGE,
+def serving_module(loaded: checkpoint.Loaded,
                    platforms: Sequence[str] = PLATFORMS) -> tf.Module:
   """A tf.Module with the params as variables and `serve`, the serving signature."""
   _check_servable(loaded)
+  value_range = loaded.description.preprocessing.value_range
   size, k = loaded.image_size, min(5, loaded.model.num_classes)
   apply = jax2tf.convert(
       lambda params, images: loaded.model.apply({"params": params}, images, train=False),
@@ -58,10 +61,12 @@ def serving_module(loaded: checkpoint.Loaded, value_range: Sequence[float] = VAL
 
 
 def save(loaded: checkpoint.Loaded, out_dir: str, **kwargs) -> str:
-  """Writes `loaded` as a SavedModel with the serving signature; returns `out_dir`."""
+  """Writes `loaded` as a SavedModel with the serving signature and its description;
+  returns `out_dir`."""
   module = serving_module(loaded, **kwargs)
   epath.Path(out_dir).parent.mkdir(parents=True, exist_ok=True)
   tf.saved_model.save(module, out_dir, signatures={SIGNATURE: module.serve})
+  exported.write_savedmodel(out_dir, loaded.description)
   return out_dir
 
 

@@ -4,6 +4,7 @@ import ml_collections
 from vit_jax import data, losses, models
 from vit_jax.config_errors import check, check_known
 from vit_jax.data import config as data_config
+from vit_jax.evaluators import fewshot_lsr
 from vit_jax.train import optimizers
 
 DTYPES = ("float32", "bfloat16")
@@ -42,8 +43,8 @@ def base_config() -> ml_collections.ConfigDict:
   # Few-shot linear probes run with the evaluation (off while `datasets` is empty).
   c.fewshot = ml_collections.ConfigDict(dict(
       datasets=(), data_dir=ml_collections.FieldReference(None, field_type=str),
-      train_split="train", test_split="test", shots=(1, 5, 10, 25), seeds=3,
-      l2=tuple(2.0**k for k in range(-10, 20, 2))))
+      train_split="train", test_split="test", shots=fewshot_lsr.DEFAULT_SHOTS,
+      seeds=fewshot_lsr.DEFAULT_SEEDS, l2=fewshot_lsr.DEFAULT_L2))
 
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
   # How many XLA devices to split a CPU host into (None: JAX's default, one, or the count in
@@ -104,7 +105,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
         c.stall_timeout_s, "must be None (automatic) or > 0 seconds")
   check(c.eval_every_steps is None or c.eval_every_steps >= 1, "eval_every_steps",
         c.eval_every_steps, "must be None or >= 1")
-  check(all(l2 > 0 for l2 in c.fewshot.l2), "fewshot.l2", c.fewshot.l2, "values must be > 0")
+  try:
+    fewshot_lsr.check_l2(c.fewshot.l2)
+  except ValueError:
+    check(False, "fewshot.l2", c.fewshot.l2, "values must be > 0")
   check(all(isinstance(k, int) and k > 0 for k in c.fewshot.shots), "fewshot.shots",
         c.fewshot.shots, "must be positive integers")
   data_config.validate(c.data)

@@ -21,7 +21,8 @@ from clu import metric_writers, periodic_actions
 from jax.experimental import multihost_utils
 
 from vit_jax import checkpoint, cpu_backend, data, models
-from vit_jax.checkpoint import run
+from vit_jax.checkpoint import description as description_lib, run
+from vit_jax.data import config as data_config
 from vit_jax.evaluators import fewshot_lsr
 from vit_jax.evaluators.classification import ClassificationEvaluator
 from vit_jax.train import config as config_lib
@@ -87,6 +88,21 @@ def run_meta(c: ml_collections.ConfigDict, num_classes: int, total_steps: int,
                     "trajectory": trajectory})
 
 
+def resolve_value_range(c: ml_collections.ConfigDict) -> None:
+  """Sets config.data.value_range where it is None: config.pretrained's (as its description
+  records it), else the default. A value set in the config must agree with the former."""
+  if c.pretrained:
+    parent = checkpoint.describe(c.pretrained)
+    recorded = (None if "preprocessing" in parent.assumed
+                else parent.preprocessing.value_range)
+    given = c.data.value_range and tuple(float(v) for v in c.data.value_range)
+    description_lib.check_option("the input value range", "config.data.value_range", given,
+                                 recorded, c.pretrained)
+    if c.data.value_range is None:
+      c.data.value_range = parent.preprocessing.value_range
+  c.data.value_range = data_config.value_range(c.data)
+
+
 @dataclasses.dataclass
 class _Job:
   """What the config and the dataset fix before the first step."""
@@ -99,6 +115,7 @@ class _Job:
   micro_batch: int
   total_steps: int  # Optimizer updates.
   warmup_steps: int
+  class_names: tuple[str, ...]
 
   @property
   def loop_steps(self) -> int:
@@ -109,16 +126,29 @@ class _Job:
   def meta(self) -> dict[str, Any]:
     return run_meta(self.config, self.model.num_classes, self.total_steps, self.warmup_steps)
 
+  @property
+  def description(self) -> checkpoint.Description:
+    """What every checkpoint of the run records about itself (`save` adds the step)."""
+    c = self.config
+    return checkpoint.Description(
+        model=self.meta["model"], model_name=c.model_name, num_classes=self.model.num_classes,
+        image_size=c.data.image_size, class_names=self.class_names,
+        preprocessing=checkpoint.Preprocessing.from_data_config(c.data),
+        output=description_lib.output_of_loss(c.loss), dataset=c.data.name,
+        parent=c.pretrained, config=_jsonable(c.to_dict()))
+
   @classmethod
   def from_config(cls, c: ml_collections.ConfigDict, workdir: str) -> "_Job":
     config_lib.validate(c)
+    resolve_value_range(c)
     info = data.dataset_info(c.data)
     total_steps, warmup_steps = config_lib.resolve_steps(c, info.num_train_examples)
     tx, schedule = optimizers.make_optimizer(c.optimizer, total_steps, warmup_steps,
                                              c.accum_steps)
     return cls(c, workdir, build_model(c, info.num_classes), tx, schedule,
                sharding.make_mesh(c.mesh.data, c.mesh.fsdp),
-               config_lib.micro_batch_size(c, jax.device_count()), total_steps, warmup_steps)
+               config_lib.micro_batch_size(c, jax.device_count()), total_steps, warmup_steps,
+               tuple(info.class_names))
 
   @property
   def batch_sharding(self) -> jax.sharding.NamedSharding:
@@ -165,7 +195,7 @@ def _build_evaluators(job: _Job, dog: watchdog.StallWatchdog) -> dict[str, Any]:
     f = c.fewshot
     datasets = fewshot_lsr.fewshot_datasets(f.datasets, f.data_dir, f.train_split, f.test_split,
                                             c.data.image_size, job.micro_batch,
-                                            job.batch_sharding)
+                                            job.batch_sharding, job.description.preprocessing)
     datasets = {name: (lambda train=train: dog.beating(train()),
                        lambda test=test: dog.beating(test()), classes)
                 for name, (train, test, classes) in datasets.items()}
@@ -225,7 +255,7 @@ def _run_steps(job: _Job, state: trainer.TrainState, start: int, train_step: Cal
                batches: Any, evaluators: dict[str, Any], manager: ocp.CheckpointManager,
                writer: metric_writers.MetricWriter,
                dog: watchdog.StallWatchdog) -> dict[str, float]:
-  c, meta = job.config, job.meta
+  c, meta, description = job.config, job.meta, job.description
   progress = periodic_actions.ReportProgress(num_train_steps=job.loop_steps, writer=writer,
                                              every_steps=c.log_every_steps)
   log = _TrainMetrics(job, writer, manager.latest_step)
@@ -244,7 +274,7 @@ def _run_steps(job: _Job, state: trainer.TrainState, start: int, train_step: Cal
     preempted = preemption.reached(step)
     if step % c.checkpoint_every_steps == 0 or step == job.loop_steps or preempted:
       log.check_finite()
-      run.save(manager, step, state, meta)
+      run.save(manager, step, state, meta, description)
       dog.beat()
     if preempted:
       logging.warning("Preempted: saved step %d to %s; rerun the same command to resume.",

@@ -1,0 +1,157 @@
+"""What a checkpoint is, recorded with it: its model, the input it expects, its classes, and
+where it came from (timm's `pretrained_cfg` is the model for this).
+
+Every checkpoint the project writes carries one (a run's step in its metadata, an .npz as
+the `DESCRIPTION_KEY` entry, the serving formats as `exported` writes them), so whoever
+loads it needs no flag that the file could tell. Files released without one are described
+by `released`, whose defaults are those of the official code and name themselves in
+`assumed`.
+"""
+import dataclasses
+import json
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+from vit_jax.data import config as data_config
+
+DESCRIPTION_KEY = "__vit_jax_description__"  # The .npz entry (a 0-d unicode array of JSON).
+FORMAT = 1
+# The official code's and big_vision's evaluation input: bilinear resize to the resolution,
+# RGB, [0, 255] -> [-1, 1], as the input pipeline's defaults.
+RELEASED_VALUE_RANGE = data_config.DEFAULT_VALUE_RANGE
+RELEASED_CROP = "resize"
+DEFAULT_IMAGE_SIZE = 224  # A model without a learned position embedding to read it from.
+OUTPUTS = ("softmax", "sigmoid")
+_OUTPUT_OF_LOSS = {"softmax_xent": "softmax", "sigmoid_xent": "sigmoid"}
+
+
+class DescriptionMismatch(ValueError):
+  """A command's explicit option says otherwise than the checkpoint's description."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Preprocessing:
+  """What turns a decoded uint8 image into the model's input, at evaluation."""
+  value_range: tuple[float, float] = RELEASED_VALUE_RANGE  # [0, 255] maps onto it.
+  crop: str = RELEASED_CROP  # data.EVAL_CROPS: 'resize' or 'central_crop'.
+  central_crop_fraction: float = 0.875  # 'central_crop': resize to size / fraction, crop.
+  channels: int = 3  # The model sees RGB; grayscale images are repeated to 3 channels.
+
+  @classmethod
+  def from_data_config(cls, data: Mapping[str, Any]) -> "Preprocessing":
+    """The evaluation preprocessing of a `config.data` (its value_range resolved)."""
+    return cls(value_range=tuple(float(v) for v in data["value_range"]),
+               crop=data["eval_crop"], central_crop_fraction=float(data["central_crop_fraction"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Description:
+  """A checkpoint's self-description; `to_json` / `from_json` are its stored form."""
+  model: dict[str, Any]  # VisionTransformer fields (architecture, pooling, head options).
+  image_size: int  # The resolution its position embedding is fitted to.
+  num_classes: int | None  # None: no classification head.
+  preprocessing: Preprocessing = Preprocessing()
+  model_name: str | None = None  # Registry name, where the architecture has one.
+  class_names: tuple[str, ...] = ()  # Empty where the data named none.
+  output: str | None = None  # 'softmax' or 'sigmoid' (the training loss's); None: unknown.
+  dataset: str | None = None  # What it was trained (or fine-tuned) on.
+  step: int | None = None  # The training step the parameters are from.
+  parent: str | None = None  # The checkpoint it was fine-tuned from (config.pretrained).
+  exported_from: str | None = None  # The checkpoint `vit_jax.export` read to write it.
+  config: dict[str, Any] | None = None  # The training config that wrote it.
+  assumed: tuple[str, ...] = ()  # Fields filled in from documented defaults, not the file.
+
+  def __post_init__(self):
+    if self.class_names and self.num_classes is not None and (
+        len(self.class_names) != self.num_classes):
+      raise ValueError(f"{len(self.class_names)} class names for {self.num_classes} classes.")
+    if self.output is not None and self.output not in OUTPUTS:
+      raise ValueError(f"output={self.output!r}: expected one of {OUTPUTS}.")
+
+  def replace(self, **changes: Any) -> "Description":
+    return dataclasses.replace(self, **changes)
+
+  def to_dict(self) -> dict[str, Any]:
+    return json.loads(json.dumps({"format": FORMAT, **dataclasses.asdict(self)}, default=list))
+
+  def to_json(self) -> str:
+    return json.dumps(self.to_dict(), sort_keys=True)
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any]) -> "Description":
+    d = dict(d)
+    if d.pop("format", FORMAT) > FORMAT:
+      raise ValueError("the checkpoint's description was written by a newer vit_jax: upgrade.")
+    d["model"] = {k: tuple(v) if isinstance(v, list) else v for k, v in d["model"].items()}
+    pre = dict(d.get("preprocessing") or {})
+    if "value_range" in pre:
+      pre["value_range"] = tuple(pre["value_range"])
+    d["preprocessing"] = Preprocessing(**pre)
+    d["class_names"] = tuple(d.get("class_names") or ())
+    d["assumed"] = tuple(d.get("assumed") or ())
+    return cls(**d)
+
+  @classmethod
+  def from_json(cls, text: str) -> "Description":
+    return cls.from_dict(json.loads(text))
+
+  def class_name(self, i: int) -> str:
+    return self.class_names[i] if self.class_names else f"class {i}"
+
+  def summary(self) -> str:
+    """One line for a log or a report."""
+    low, high = self.preprocessing.value_range
+    parts = [self.model_name or "custom ViT", f"{self.image_size}px",
+             f"{self.num_classes or 'no'} classes"
+             + (f" ({', '.join(self.class_names[:3])}{', ...' if self.num_classes > 3 else ''})"
+                if self.class_names else ""),
+             f"input [0, 255] -> [{low:g}, {high:g}], {self.preprocessing.crop}"]
+    if self.dataset:
+      parts.append(f"trained on {self.dataset}" + (f" to step {self.step}" if self.step else ""))
+    if self.assumed:
+      parts.append(f"assumed (not recorded in the file): {', '.join(self.assumed)}")
+    return "; ".join(parts)
+
+
+def check_option(what: str, option: str, given: Any, recorded: Any, source: str) -> None:
+  """Raises DescriptionMismatch when an explicit command-line `option` (given) says
+  otherwise than the checkpoint's description (recorded); None on either side agrees."""
+  if given is None or recorded is None or given == recorded:
+    return
+  raise DescriptionMismatch(
+      f"{option} {_short(given)} disagrees with {source}, whose description records {what} "
+      f"{_short(recorded)}: leave {option} out to use the checkpoint's.")
+
+
+def _short(value: Any) -> str:
+  if isinstance(value, (list, tuple)) and len(value) > 6:
+    return repr(list(value[:5]))[:-1] + f", ... ({len(value)} in all)]"
+  return repr(value)
+
+
+def output_of_loss(loss: str) -> str | None:
+  return _OUTPUT_OF_LOSS.get(loss)
+
+
+def grid_image_size(posemb_tokens: int, has_class_token: bool, stride: int) -> int:
+  """The resolution a learned position embedding of `posemb_tokens` rows stands for."""
+  return math.isqrt(posemb_tokens - has_class_token) * stride
+
+
+def released(model: Mapping[str, Any], model_name: str | None, num_classes: int | None,
+             image_size: int | None, **known: Any) -> Description:
+  """The description of a file released without one: the model read off its arrays, the
+  official code's preprocessing, the resolution from the position embedding or the AugReg
+  index (`image_size`)."""
+  assumed = ["model", "preprocessing"] + (["image_size"] if image_size is None else [])
+  return Description(model=dict(model), model_name=model_name, num_classes=num_classes,
+                     image_size=image_size or DEFAULT_IMAGE_SIZE,
+                     preprocessing=Preprocessing(), assumed=tuple(assumed), **known)
+
+
+def from_npz_entry(arrays: Mapping[str, np.ndarray]) -> Description | None:
+  if DESCRIPTION_KEY not in arrays:
+    return None
+  return Description.from_json(str(arrays[DESCRIPTION_KEY]))
