@@ -6,8 +6,8 @@ import setuptools
 URL = "https://github.com/vit-jax/vit_jax"
 
 # Ranges, not pins: requirements.lock / requirements-test.lock hold the exact versions the
-# tests passed with (README, "Refreshing the lock"). An upper bound stands only where the
-# maintainers have announced that their next major release breaks the API used here:
+# tests passed with (CONTRIBUTING.md, "Refreshing the lock"). An upper bound stands only where
+# the maintainers have announced that their next major release breaks the API used here:
 INSTALL_REQUIRES = [
     # JAX versions 0.X.Y by effort (docs.jax.dev, "API compatibility"): a new X "will
     # introduce major breaking changes". Tested: 0.10 (the newest for Python 3.11) and, for
@@ -35,7 +35,7 @@ INSTALL_REQUIRES = [
     "tqdm",
 ]
 
-# Serving outside JAX (vit_jax.serving, `python -m vit_jax.export --format`): the SavedModel
+# Serving outside JAX (vit_jax.serving, `vit-export --format`): the SavedModel
 # needs only TensorFlow; ONNX comes from the TFLite model through tf2onnx, whose
 # UnsortedSegmentProd handler vit_jax/serving/onnx.py replaces (1.17 tested), and is run
 # with onnxruntime; LiteRT is the TFLite interpreter now that tf.lite.Interpreter is deprecated.
@@ -79,12 +79,12 @@ setuptools.setup(
     extras_require=EXTRAS,
     entry_points={
         "console_scripts": [
-            "vit-train=vit_jax.main:run",
-            "vit-fewshot=vit_jax.fewshot:run",
-            "vit-export=vit_jax.export:run",
-            "vit-predict=vit_jax.predict:run",
-            "vit-zoo=vit_jax.zoo:run",
-            "vit-inspect=vit_jax.inspect:run",
+            "vit-train=vit_jax.tools.train:run",
+            "vit-fewshot=vit_jax.tools.fewshot:run",
+            "vit-export=vit_jax.tools.export:run",
+            "vit-predict=vit_jax.tools.predict:run",
+            "vit-zoo=vit_jax.tools.zoo:run",
+            "vit-inspect=vit_jax.tools.inspect_checkpoint:run",
         ],
     },
 )

@@ -5,7 +5,7 @@ how long it took and the accuracy it printed; optionally beside a CPU-bound load
   python3 benchmarks/quickstart_stress.py --runs 10 --load 2    # 2 busy processes beside it
   python3 benchmarks/quickstart_stress.py --runs 1 --min_accuracy 0.9   # what .ci/run checks
 
-The command is read from the README (the first bash block's line that runs vit_jax.main,
+The command is read from the README (the first bash block's line that runs vit-train,
 with its continuation lines), so it is the one users copy. Each run starts from a new
 --workdir; the venv the command makes is reused after the first run. Standard library only:
 it runs before the venv exists.
@@ -24,12 +24,12 @@ ACCURACY = re.compile(r"Final evaluation: accuracy=([0-9.]+)")
 
 
 def readme_command(readme: pathlib.Path = REPO / "README.md") -> str:
-  """The README's first command: in its first bash block, the command that runs vit_jax.main."""
+  """The README's first command: in its first bash block, the command that runs vit-train."""
   block = readme.read_text().split("```bash\n", 1)[1].split("```", 1)[0]
   commands = re.sub(r"\\\n\s*", "", block).splitlines()
-  found = [c.strip() for c in commands if "vit_jax.main" in c and not c.lstrip().startswith("#")]
+  found = [c.strip() for c in commands if "vit-train" in c and not c.lstrip().startswith("#")]
   if not found:
-    raise SystemExit(f"{readme}: no command running vit_jax.main in the first bash block")
+    raise SystemExit(f"{readme}: no command running vit-train in the first bash block")
   return found[0]
 
 

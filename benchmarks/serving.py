@@ -4,7 +4,7 @@
         [--formats jax,savedmodel,onnx,tflite] [--checkpoint CKPT] [--json_out FILE]
 
 The model (random parameters, or --checkpoint) is exported with vit_jax.serving as
-`python -m vit_jax.export --format` writes it, then each form runs the same uint8 batch
+`vit-export --format` writes it, then each form runs the same uint8 batch
 through its serving signature (preprocessing and all): JAX `jit(model.apply)` on the
 default device, the SavedModel in TensorFlow, ONNX in onnxruntime (CPU), TFLite in LiteRT.
 Each figure is the median over `--repeats` runs of `--steps` calls after `--warmup` calls,

@@ -5,7 +5,7 @@
 
 vit_jax: the project's own train step (`trainer.init_state` + `make_train_step`,
 AdamW with clipping from `optimizers.make_optimizer`) and `jit(model.apply)`.
-timm: the same model through tests/timm_reference.py, eager and torch.compile,
+timm: the same model through vit_jax/models/timm_models.py, eager and torch.compile,
 bf16 autocast, fused AdamW with the same clipping. Synthetic data is put on the
 device once; each figure is the median over repeats of `steps` timed steps after
 `warmup` steps, synchronised at both ends. MFU counts 3x (training) or 1x
@@ -21,7 +21,6 @@ import platform
 import statistics
 import sys
 import time
-import types
 from typing import Any, Callable, Optional, Sequence
 
 # timm runs first in the same process: JAX must not grab 75% of the GPU up front.
@@ -32,10 +31,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from vit_jax import models  # noqa: E402
+from vit_jax.models import timm_models  # noqa: E402
 from vit_jax.models import vit  # noqa: E402
 from vit_jax.train import optimizers, sharding, trainer  # noqa: E402
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 # Dense tensor-core TFLOP/s (datasheet) by device-kind substring: bf16, and f32 (which JAX
 # runs as TF32 on these GPUs by default).
 PEAK_TFLOPS = {"H100 PCIe": (756.0, 378.0), "H100": (989.0, 494.5), "H200": (989.0, 494.5),
@@ -183,17 +182,17 @@ def bench_vit_jax(args: argparse.Namespace, model: vit.VisionTransformer) -> dic
   return out
 
 
-def _timm_reference() -> Optional[types.ModuleType]:
-  """tests/timm_reference.py (the registry -> timm table), or None without torch and timm."""
-  sys.path.insert(0, str(REPO / "tests"))
-  import timm_reference  # pylint: disable=g-import-not-at-top
-  return timm_reference if timm_reference.timm and timm_reference.torch else None
+def _has_timm() -> bool:
+  try:
+    timm_models.import_torch()
+  except ImportError:
+    return False
+  return True
 
 
 def bench_timm(args: argparse.Namespace, name: str, modes: Sequence[str]) -> dict[str, Any]:
   """timm eager and/or torch.compile, inference then training (fresh model per mode)."""
-  timm_reference = _timm_reference()
-  torch = timm_reference.torch
+  torch, _ = timm_models.import_torch()
   dev = "cuda" if torch.cuda.is_available() else "cpu"
   sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
   bf16 = args.dtype == "bfloat16"
@@ -202,7 +201,7 @@ def bench_timm(args: argparse.Namespace, name: str, modes: Sequence[str]) -> dic
     _log(f"timm {mode}")
     torch.manual_seed(0)
     depth = {} if args.num_layers is None else {"depth": args.num_layers}
-    model = timm_reference.create(name, img_size=args.image_size, num_classes=args.num_classes,
+    model = timm_models.create(name, img_size=args.image_size, num_classes=args.num_classes,
                                   **depth).to(dev)
     fwd = torch.compile(model) if mode == "compile" else model
     x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=dev)
@@ -346,10 +345,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
       command=" ".join(["python", "benchmarks/throughput.py", *(argv or sys.argv[1:])]))
 
   modes = {"both": ("eager", "compile"), "off": ()}.get(args.timm, (args.timm,))
-  timm_reference = _timm_reference() if modes else None
-  if modes and timm_reference is None:
+  if modes and not _has_timm():
     report["timm_skipped"] = "torch/timm not installed"
-  elif modes and name not in timm_reference.TIMM_NAMES:
+  elif modes and name not in timm_models.TIMM_NAMES:
     report["timm_skipped"] = f"no timm mapping for {name}"
   elif modes:  # Before JAX touches the GPU.
     try:

@@ -33,7 +33,7 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
 
 def add_overrides(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("overrides", nargs="*", metavar="-- --config.FIELD=VALUE",
-                      help="after `--`: more flags for vit_jax.main, e.g. --config.batch_size=64")
+                      help="after `--`: more flags for vit-train, e.g. --config.batch_size=64")
 
 
 def execute(commands: Sequence[Sequence[str]], dry_run: bool) -> None:

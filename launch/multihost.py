@@ -1,4 +1,4 @@
-"""Multi-host GPU (or CPU) jobs: one `vit_jax.main` process per GPU under SLURM, or one per
+"""Multi-host GPU (or CPU) jobs: one `vit-train` process per GPU under SLURM, or one per
 host from a host list.
 
   # SLURM: 2 nodes x 8 GPUs; jax.distributed.initialize() reads SLURM's variables.
@@ -10,7 +10,7 @@ host from a host list.
 
 Every process must see the same --workdir (a shared file system or gs://) and, for a host
 list, the repository and Python at the same paths (override with --remote-repo, --python).
-Hosts named localhost run here, without ssh, talking over 127.0.0.1; on CPU, vit_jax.main
+Hosts named localhost run here, without ssh, talking over 127.0.0.1; on CPU, vit-train
 picks gloo for the collectives. --dry-run prints one command per process.
 """
 import argparse
@@ -41,7 +41,7 @@ def _env_pairs(env: Sequence[str]) -> list[str]:
 
 def _train_args(args: argparse.Namespace, config: str) -> list[str]:
   workdir = args.workdir if "://" in args.workdir else os.path.abspath(args.workdir)
-  return ["-m", "vit_jax.main", "--config", config, "--workdir", workdir]
+  return ["-m", "vit_jax.tools.train", "--config", config, "--workdir", workdir]
 
 
 def slurm_commands(args: argparse.Namespace) -> list[list[str]]:

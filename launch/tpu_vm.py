@@ -142,7 +142,7 @@ def run_commands(args: argparse.Namespace, tpu: Slice) -> list[list[str]]:
         "must go to a bucket: give --workdir gs://BUCKET/PATH.")
   distributed = [] if tpu.hosts == 1 else ["--distributed"]
   spec = args.config if config is None else f"run_configs/{config.name}{arg}"
-  train = [".venv/bin/python", "-m", "vit_jax.main", "--config", spec,
+  train = [".venv/bin/python", "-m", "vit_jax.tools.train", "--config", spec,
            "--workdir", args.workdir, *distributed, *args.overrides]
   log = LOG.removeprefix(f"{REMOTE_DIR}/")
   start = (f"cd {REMOTE_DIR} && setsid nohup {shlex.join(train)} > {log} 2>&1 < /dev/null &")

@@ -7,12 +7,23 @@ from vit_jax import cpu_backend  # noqa: E402  (imports no JAX)
 
 cpu_backend.prepare()  # 8 devices whose programs cannot deadlock, before JAX starts.
 
+import pathlib  # noqa: E402
+
 import pytest  # noqa: E402
 
-# torch (for timm's cross-checks) must load before TensorFlow: the other order crashes the
-# process in triton's import, so whichever test module comes first.
-import timm_reference  # noqa: E402,F401
 from helpers import DEBIAN_FASHION_MNIST  # noqa: E402
+
+TESTS = pathlib.Path(__file__).parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+  """torch and timm (the cross-checks' reference) load first where a chosen test module uses
+  them: after TensorFlow, which most test modules import, their import crashes the process."""
+  paths = [config.invocation_params.dir / a.split("::")[0] for a in config.args] or [TESTS]
+  modules = [m for p in paths for m in (sorted(p.rglob("test_*.py")) if p.is_dir() else [p])]
+  if any(m.is_file() and "timm_models" in m.read_text() for m in modules):
+    from vit_jax.models import timm_models
+    timm_models.import_torch()
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,6 @@ import sys
 import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
 DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 # checkpoint.POSEMB_KEY, without importing vit_jax here.
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
@@ -48,10 +47,10 @@ def read_scalars(workdir, tag: str, newest_file_only: bool = False) -> dict[int,
 
 
 def cli(workdir, dataset, *extra, config: str = TINY_CONFIG) -> list[str]:
-  """The command line of `python -m vit_jax.main` on `dataset` (name, data_dir); `config` is a
+  """The command line of `vit-train` on `dataset` (name, data_dir); `config` is a
   --config spec: a shipped config's name or a file's path."""
   name, data_dir = dataset
-  return [sys.executable, "-m", "vit_jax.main", "--config", config,
+  return [sys.executable, "-m", "vit_jax.tools.train", "--config", config,
           "--workdir", str(workdir), f"--config.data.name={name}",
           f"--config.data.data_dir={data_dir}", *extra]
 

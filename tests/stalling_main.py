@@ -1,4 +1,4 @@
-"""`python -m vit_jax.main` whose train step never ends from step STALL_AT on, the way a
+"""`vit-train` whose train step never ends from step STALL_AT on, the way a
 deadlocked device never ends one: a host callback inside the step blocks for ever.
 
   python tests/stalling_main.py STALL_AT --config ... --workdir ...
@@ -9,7 +9,7 @@ import threading
 import jax
 
 from vit_jax import losses
-from vit_jax import main as vit_main
+from vit_jax.tools import train as vit_main
 
 
 def main() -> None:

@@ -72,6 +72,6 @@ def test_the_stress_script_runs_the_readmes_first_command():
   command = quickstart_stress.readme_command()
   assert command.startswith("python3 -m venv .venv && ")
   assert "install -r requirements.lock" in command
-  assert command.endswith("-m vit_jax.main --config quickstart "
+  assert command.endswith(".venv/bin/vit-train --config quickstart "
                           "--workdir /tmp/vit_quickstart")
   assert quickstart_stress.workdir_of(command) == "/tmp/vit_quickstart"

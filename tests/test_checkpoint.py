@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import scipy.ndimage
 
-import timm_reference
 from helpers import big_vision_layout, new_flax_layout, random_params
 from vit_jax import checkpoint, models
+from vit_jax.models import timm_models
 
 TINY = dict(hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2, patch_size=8)
 HYBRID_TINY = dict(hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2, resnet_layers=(1, 1, 1, 1))
@@ -174,10 +174,9 @@ def test_refuses_non_npz_and_pickles(tmp_path):
 @pytest.mark.parametrize("name", ["ViT-B_16", "R50+ViT-B_16"])
 def test_logits_match_timm_both_directions(tmp_path, name):
   """Full-size models, random weights: our .npz -> timm's loader, and timm -> ours."""
-  if timm_reference.timm is None:
-    pytest.skip("timm is not installed (pip install -e '.[test]')")
+  torch, _ = timm_models.import_torch()
   from timm.models.vision_transformer import _load_weights
-  timm_reference.torch.set_num_threads(2)
+  torch.set_num_threads(2)
   model = models.create_model(name, num_classes=10)
   params = random_params(model, 224)
   images = np.random.RandomState(0).uniform(-1, 1, (2, 224, 224, 3)).astype(np.float32)
@@ -185,17 +184,17 @@ def test_logits_match_timm_both_directions(tmp_path, name):
   assert np.abs(ours).max() > 0.1  # non-trivial logits
 
   checkpoint.save_npz(tmp_path / "ours.npz", params)
-  reference = timm_reference.create(name, num_classes=10)
+  reference = timm_models.create(name, num_classes=10)
   _load_weights(reference, str(tmp_path / "ours.npz"))
-  np.testing.assert_allclose(timm_reference.logits(reference, images), ours, rtol=0, atol=1e-4)
+  np.testing.assert_allclose(timm_models.logits(reference, images), ours, rtol=0, atol=1e-4)
 
   # Reverse: timm's own random weights, exported, loaded here.
-  reference = timm_reference.create(name, num_classes=10)
-  with timm_reference.torch.no_grad():
+  reference = timm_models.create(name, num_classes=10)
+  with torch.no_grad():
     for p in reference.parameters():
-      p.add_(0.02 * timm_reference.torch.randn_like(p))
-  flat = timm_reference.to_npz(reference)
+      p.add_(0.02 * torch.randn_like(p))
+  flat = timm_models.to_npz(reference)
   path = write_npz(tmp_path / "timm.npz", flat)
   loaded = checkpoint.load_npz(path, target=params)
   np.testing.assert_allclose(np.asarray(jax.jit(model.apply)({"params": loaded}, images)),
-                             timm_reference.logits(reference, images), rtol=0, atol=1e-4)
+                             timm_models.logits(reference, images), rtol=0, atol=1e-4)

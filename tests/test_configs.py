@@ -3,7 +3,8 @@ path, `:ARG`), and main's use of it before absl parses the flags."""
 import pytest
 
 from helpers import REPO
-from vit_jax import configs, main
+from vit_jax import configs
+from vit_jax.tools import train
 from vit_jax.train import config as config_lib
 
 SHIPPED = ["augreg_pretrain", "finetune", "pretrain", "quickstart"]
@@ -42,7 +43,7 @@ def test_the_arg_is_passed_as_ml_collections_passes_it(tmp_path, monkeypatch, su
     ("finetun:b16", "vit_jax ships no config named 'finetun'."),
     ("my_configs/x.py:b16", "no file my_configs/x.py (relative to "),
     ("README.md", "README.md is not a readable Python file"),
-    ("vit_jax/main.py", "vit_jax/main.py defines no get_config(arg), so it is not a config file."),
+    ("vit_jax/tools/train.py", "vit_jax/tools/train.py defines no get_config(arg), so it is not a config file."),
 ])
 def test_a_spec_that_names_no_config_says_what_would(spec, message, monkeypatch):
   monkeypatch.chdir(REPO)
@@ -63,19 +64,19 @@ def test_resolving_runs_nothing_of_the_file(tmp_path):
 def test_main_hands_absl_the_file_of_a_name(tmp_path):
   path = REPO / "vit_jax" / "configs" / "finetune.py"
   rest = ["--workdir", "w", "--config.batch_size=8"]
-  assert main.resolve_config_flag(["m", "--config", "finetune:b16,cifar10", *rest]) == [
+  assert train.resolve_config_flag(["m", "--config", "finetune:b16,cifar10", *rest]) == [
       "m", "--config", f"{path}:b16,cifar10", *rest]
-  assert main.resolve_config_flag(["m", "--config=quickstart", *rest]) == [
+  assert train.resolve_config_flag(["m", "--config=quickstart", *rest]) == [
       "m", f"--config={path.with_name('quickstart.py')}", *rest]
   (tmp_path / "echo.py").write_text(ARG_ECHO)
-  assert main.resolve_config_flag(["m", "--config", f"{tmp_path}/echo.py:x"]) == [
+  assert train.resolve_config_flag(["m", "--config", f"{tmp_path}/echo.py:x"]) == [
       "m", "--config", f"{tmp_path}/echo.py:x"]
-  assert main.resolve_config_flag(["m", "--workdir", "w"]) == ["m", "--workdir", "w"]
+  assert train.resolve_config_flag(["m", "--workdir", "w"]) == ["m", "--workdir", "w"]
 
 
 def test_main_fails_in_one_line_on_an_unknown_name(capsys):
   with pytest.raises(SystemExit) as exit_:
-    main.resolve_config_flag(["m", "--config", "finetun:b16", "--workdir", "w"])
+    train.resolve_config_flag(["m", "--config", "finetun:b16", "--workdir", "w"])
   assert exit_.value.code == 2
   err = capsys.readouterr().err
   assert err.startswith("error: --config finetun:b16: vit_jax ships no config named 'finetun'.")

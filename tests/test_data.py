@@ -218,7 +218,7 @@ def test_fashion_mnist_without_files_or_network(tmp_path, monkeypatch):
                                         files_dir=str(tmp_path / "nothing"))
 
 
-# --- train iterator (MNIST from ../shared/data) -------------------------
+# --- train iterator (Fashion-MNIST, the `dataset` fixture) --------------
 
 
 @pytest.mark.parametrize("overrides", [

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from helpers import tiny_config, tiny_serving_checkpoint
-from vit_jax import checkpoint, export, predict
-from vit_jax import inspect as inspect_cli
+from vit_jax import checkpoint
+from vit_jax.tools import predict
+from vit_jax.tools import inspect_checkpoint as inspect_cli
 from vit_jax.checkpoint import run
 from vit_jax.data import preprocess as pp
 from vit_jax.evaluators import fewshot_lsr
@@ -71,7 +72,7 @@ def test_a_step_saved_before_descriptions_is_described_from_its_metadata(workdir
 
 def test_export_npz_carries_the_description_and_only_the_released_arrays(workdir, tmp_path):
   out = str(tmp_path / "run.npz")
-  described = export.export(workdir, out)
+  described = checkpoint.export_npz(workdir, out)
   step_dir = str(checkpoint.latest_step_dir(workdir))
   assert described == checkpoint.describe(workdir).replace(exported_from=step_dir)
   assert checkpoint.describe(out) == described
@@ -94,7 +95,7 @@ def test_exported_models_apply_the_value_range_the_run_was_trained_with(
   assert np.abs(np.asarray(loaded.model.apply({"params": loaded.params}, wrong)) - want).max() > 0.1
   for fmt, tolerance in (("savedmodel", 1e-4), ("tflite", 1e-3), ("onnx", 1e-4)):
     out = str(tmp_path / {"savedmodel": "saved_model"}.get(fmt, f"model.{fmt}"))
-    export.export_serving(workdir, out, fmt)
+    convert.export(workdir, out, fmt)
     assert exported.is_exported(out)
     assert checkpoint.describe(out) == loaded.description.replace(exported_from=loaded.source)
     runner = runners.open_model(out)
@@ -131,7 +132,7 @@ def test_description_round_trips_and_refuses_inconsistency():
 
 
 def _predict(capsys, *argv) -> tuple[int, list[dict[str, str]], str]:
-  rc = predict.main(["predict", *argv])
+  rc = predict.main([*argv])
   out, err = capsys.readouterr()
   return rc, list(csv.DictReader(io.StringIO(out))) if rc == 0 else [], err
 

@@ -1,4 +1,4 @@
-"""Serving formats (vit_jax.serving, `python -m vit_jax.export --format`): a SavedModel
+"""Serving formats (vit_jax.serving, `vit-export --format`): a SavedModel
 through jax2tf, TFLite from it, ONNX from that, each giving JAX's logits on real images
 (scikit-learn's digits) for a plain ViT and a hybrid, at batch sizes 1 and 7."""
 import glob
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from helpers import TINY_SERVING_MODELS, run_cli, tiny_config, tiny_serving_checkpoint
-from vit_jax import checkpoint, export
+from vit_jax import checkpoint
 from vit_jax.serving import convert, images, onnx, runners, savedmodel, tflite
 
 # Max |logit difference| from JAX's, float32 throughout.
@@ -114,11 +114,11 @@ def test_headless_models_and_unknown_formats_are_refused(tmp_path):
 
 
 def test_export_cli_writes_each_format(tmp_path, digits_folder):
-  """`python -m vit_jax.export CKPT OUT --format F` end to end, the position embedding
+  """`vit-export CKPT OUT --format F` end to end, the position embedding
   resized to another resolution on the way."""
   path = tiny_serving_checkpoint(tmp_path / "model.npz", "plain")
   out = tmp_path / "model.onnx"
-  r = run_cli([sys.executable, "-m", "vit_jax.export", path, str(out), "--format", "onnx",
+  r = run_cli([sys.executable, "-m", "vit_jax.tools.export", path, str(out), "--format", "onnx",
                "--image_size", "48"])
   assert r.returncode == 0, r.stderr
   assert f"Wrote {out} (onnx): custom ViT; 48px; 10 classes" in r.stdout
@@ -128,7 +128,7 @@ def test_export_cli_writes_each_format(tmp_path, digits_folder):
   files = sorted(glob.glob(os.path.join(digits_folder, "test", "*", "*.png")))[:3]
   batch = np.stack([images.read_image(f, 48) for f in files])
   assert np.abs(runner(batch) - jax_logits(loaded, batch)).max() <= TOLERANCE["onnx"]
-  r = run_cli([sys.executable, "-m", "vit_jax.export", path, str(tmp_path / "x.npz"), "--model",
+  r = run_cli([sys.executable, "-m", "vit_jax.tools.export", path, str(tmp_path / "x.npz"), "--model",
                "ViT-Ti_16"])
   assert r.returncode == 2 and "--model and --image_size apply to the serving formats" in r.stderr
 
@@ -140,7 +140,7 @@ def test_a_training_run_exports_from_its_workdir_and_step_dir(tmp_path, dataset,
   files = sorted(glob.glob(os.path.join(digits_folder, "test", "*", "*.png")))[:7]
   for path, fmt, out in ((tmp_path / "run", "savedmodel", tmp_path / "saved_model"),
                          (tmp_path / "run" / "checkpoints" / "2", "tflite", tmp_path / "m.tflite")):
-    loaded = export.export_serving(str(path), str(out), fmt)
+    loaded = convert.export(str(path), str(out), fmt)
     assert loaded.model.name_in_registry == "ViT-Ti_16" and loaded.image_size == 28
     batch = np.stack([images.read_image(f, 28) for f in files])
     diff = np.abs(runners.open_model(str(out))(batch) - jax_logits(loaded, batch)).max()

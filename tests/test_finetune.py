@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from helpers import read_scalars, tiny_config
-from vit_jax import checkpoint, configs, export, fewshot
+from vit_jax import checkpoint, configs
+from vit_jax.tools import fewshot
 from vit_jax.train import loop
 
 TINY = dict(patch_size=7, hidden_size=64, mlp_dim=128, num_heads=4, num_layers=2)
@@ -25,7 +26,7 @@ def pretrained(tmp_path_factory, dataset):
   metrics = loop.train_and_evaluate(c, str(workdir))
   assert metrics["accuracy"] > 0.7
   npz = str(workdir / "pretrained.npz")
-  described = export.export(str(workdir), npz)
+  described = checkpoint.export_npz(str(workdir), npz)
   assert described.model["hidden_size"] == 64 and checkpoint.describe(npz) == described
   return workdir, npz
 

@@ -1,4 +1,4 @@
-"""`python -m vit_jax.inspect`: the report on every kind of checkpoint path, its fine-tuning
+"""`vit-inspect`: the report on every kind of checkpoint path, its fine-tuning
 command, the figures, bad inputs; and the mean attention distance on known answers."""
 import itertools
 import json
@@ -17,7 +17,7 @@ from PIL import Image
 from helpers import (REPO, big_vision_layout, cpu_env, new_flax_layout, random_params,
                      tiny_config)
 from vit_jax import checkpoint, explore, models
-from vit_jax import inspect as inspect_cli
+from vit_jax.tools import inspect_checkpoint as inspect_cli
 
 TINY = dict(patch_size=7, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2)
 HYBRID_TINY = dict(hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2,
@@ -44,15 +44,15 @@ def tiny(tmp_path_factory):
 
 
 def parse_finetune_command(command: str, monkeypatch):
-  """The config `python -m vit_jax.main` would build from `command`, validated."""
+  """The config `vit-train` would build from `command`, validated."""
   from absl import flags
   from ml_collections import config_flags
-  from vit_jax import main
+  from vit_jax.tools import train
   from vit_jax.train import config as config_lib
   argv = shlex.split(command)
-  assert argv[:3] == ["python", "-m", "vit_jax.main"]
+  assert argv[0] == "vit-train"
   monkeypatch.chdir(tempfile.gettempdir())  # The command runs from any working directory.
-  argv = main.resolve_config_flag(["vit_jax.main"] + argv[3:])  # As main: a name to its file.
+  argv = train.resolve_config_flag(argv)  # As vit-train: a config's name to its file.
   values = flags.FlagValues()
   config_flags.DEFINE_config_file("config", None, "", flag_values=values, sys_argv=argv)
   flags.DEFINE_string("workdir", None, "", flag_values=values)
@@ -217,7 +217,7 @@ def test_a_registry_model_is_named_and_counted(tmp_path, capsys, monkeypatch):
   assert "14x14 grid: native resolution 224 px" in out
   assert "parameters     5,717,416 (float32)" in out and "(ImageNet-1k's count)" in out
   command = out.split("fine-tune      ")[1].splitlines()[0]
-  assert command == ("python -m vit_jax.main --config finetune:ti16,cifar10 "
+  assert command == ("vit-train --config finetune:ti16,cifar10 "
                      f"--workdir WORKDIR --config.pretrained={tmp_path / 'ti.npz'}")
   assert_finetuning_loads_the_file(command, monkeypatch)
 
@@ -317,20 +317,11 @@ def test_bad_inputs_give_one_clear_message(tiny, tmp_path, capsys, case, message
 
 def test_python_m_vit_jax_inspect(tiny, tmp_path):
   """As a user runs it: a report, and for a bad path one line and status 2."""
-  good = subprocess.run([sys.executable, "-m", "vit_jax.inspect", tiny[1], "--json"],
+  good = subprocess.run([sys.executable, "-m", "vit_jax.tools.inspect_checkpoint", tiny[1], "--json"],
                         env=cpu_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
   assert good.returncode == 0, good.stderr
   assert json.loads(good.stdout)["head_all_zeros"] is True
-  bad = subprocess.run([sys.executable, "-m", "vit_jax.inspect", str(tmp_path / "none.npz")],
+  bad = subprocess.run([sys.executable, "-m", "vit_jax.tools.inspect_checkpoint", str(tmp_path / "none.npz")],
                        env=cpu_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
   assert bad.returncode == 2 and bad.stdout == "" and "Traceback" not in bad.stderr
   assert bad.stderr.strip().splitlines()[-1] == f"error: No checkpoint at {tmp_path}/none.npz."
-
-
-def test_a_module_run_as_a_script_is_told_why_inspect_breaks():
-  """`python vit_jax/zoo.py` puts vit_jax/ first on sys.path, where inspect.py shadows the
-  standard library's `inspect`: the error says so instead of failing deep inside jax."""
-  done = subprocess.run([sys.executable, "vit_jax/zoo.py", "--help"], cwd=REPO, capture_output=True,
-                        text=True, timeout=300, env=dict(cpu_env(), PYTHONPATH=str(REPO)))
-  assert done.returncode != 0
-  assert "Run it as a module instead: python -m vit_jax.NAME." in done.stderr.splitlines()[-1]

@@ -23,7 +23,7 @@ from packaging.version import Version
 from helpers import REPO, cpu_env
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
-# What the locks are compiled for (README, "Refreshing the lock").
+# What the locks are compiled for (CONTRIBUTING.md, "Refreshing the lock").
 LOCK_ENV = {"python_version": "3.11", "python_full_version": "3.11.0", "sys_platform": "linux",
             "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
             "implementation_name": "cpython", "platform_python_implementation": "CPython"}
@@ -76,7 +76,7 @@ def test_lock_matches_setup_py(setup_kwargs, lock, extras):
   reqs = requirements_for_lock(wanted)
   for req in reqs:
     name = canonicalize_name(req.name)
-    assert name in pins, f"{lock} lacks {req}: refresh it (README, 'Refreshing the lock')"
+    assert name in pins, f"{lock} lacks {req}: refresh it (CONTRIBUTING.md, 'Refreshing the lock')"
     assert req.specifier.contains(pins[name], prereleases=True), (
         f"{lock} pins {name}=={pins[name]}, outside setup.py's {req}: refresh the lock")
   assert direct == {canonicalize_name(r.name) for r in reqs}, (
@@ -318,6 +318,6 @@ def test_the_wheel_alone_runs_configs_by_name_from_anywhere(tmp_path):
       f"vit_jax was imported from {out['vit_jax']}, not from the wheel in {python.parents[1]}")
   assert out["config"] == "ViT-Ti_16"
   assert out["notebook"] == "ViT-Ti_16 fashion_mnist 500"
-  usage = run("-m", "vit_jax.main", "--help")
+  usage = run("-m", "vit_jax.tools.train", "--help")
   assert usage.returncode == 0, usage.stderr[-3000:]
   assert "--config" in usage.stdout and "--workdir" in usage.stdout

@@ -42,7 +42,7 @@ def tpu_up(accelerator_type: str, zone: str, workdir: str, *extra: str,
 
 
 def remote_train(run: list[str]) -> list[str]:
-  """The `vit_jax.main` command line that `run` starts on the workers."""
+  """The `vit-train` command line that `run` starts on the workers."""
   remote = shlex.split(flag(run, "--command"))
   assert remote[:2] == ["cd", "vit_jax"]
   return remote[remote.index(".venv/bin/python"):remote.index(">")]
@@ -58,7 +58,7 @@ def test_single_host_tpu():
   assert copy[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "scp", "--recurse"]
   assert copy[6:9] == [f"{REPO}/vit_jax", f"{REPO}/setup.py", "vit:vit_jax/"]
   assert "./vit_jax[tpu]" in flag(install, "--command")
-  assert remote_train(run) == [".venv/bin/python", "-m", "vit_jax.main", "--config",
+  assert remote_train(run) == [".venv/bin/python", "-m", "vit_jax.tools.train", "--config",
                                "finetune:b16,cifar10", "--workdir", "runs/b16"]
 
 
@@ -140,7 +140,7 @@ def test_commands_run_are_those_printed(fake_gcloud):
     ({"--config": "finetun:b16"}, "vit_jax ships no config named 'finetun'. Configs shipped with "
                                   "vit_jax: augreg_pretrain, finetune, pretrain, quickstart"),
     ({"--config": "README.md"}, "README.md is not a readable Python file"),
-    ({"--config": "vit_jax/main.py"}, "defines no get_config(arg)"),
+    ({"--config": "vit_jax/tools/train.py"}, "defines no get_config(arg)"),
     ({"--workdir": "/tmp/vit"}, "the workers of a pod slice share no disk"),
 ])
 def test_bad_arguments_stop_before_anything_is_created(fake_gcloud, change, message):
@@ -167,7 +167,7 @@ def test_slurm(config, passed):
       "--kill-on-bad-exit=1", "--partition=gpu", "--job-name=vit_jax",
       "--export=ALL,NCCL_DEBUG=WARN", f"--chdir={REPO}"]
   assert srun[python + 1:] == [
-      "-m", "vit_jax.main", "--config", passed, "--workdir", "/shared/b16", "--distributed",
+      "-m", "vit_jax.tools.train", "--config", passed, "--workdir", "/shared/b16", "--distributed",
       "--config.batch_size=1024"]
 
 
@@ -185,7 +185,7 @@ def test_host_list_over_ssh(config, passed):
     remote = shlex.split(cmd[4])
     assert remote[:4] == ["cd", "/home/me/vit", "&&", "env"]
     assert remote[4:] == [
-        "NCCL_DEBUG=WARN", sys.executable, "-m", "vit_jax.main", "--config", passed,
+        "NCCL_DEBUG=WARN", sys.executable, "-m", "vit_jax.tools.train", "--config", passed,
         "--workdir", "/shared/b16",
         "--coordinator_address=gpu0:1234", "--num_processes=2", f"--process_id={i}"]
 
@@ -193,7 +193,7 @@ def test_host_list_over_ssh(config, passed):
 def test_localhost_runs_here_with_a_loopback_coordinator():
   commands = dry_run("multihost.py", "hosts", "--hosts", "localhost,localhost", "--config",
                      TINY_CONFIG, "--workdir", "/tmp/w")
-  assert [c[:3] for c in commands] == [[sys.executable, "-m", "vit_jax.main"]] * 2
+  assert [c[:3] for c in commands] == [[sys.executable, "-m", "vit_jax.tools.train"]] * 2
   assert all("--coordinator_address=127.0.0.1:29500" in c for c in commands)
 
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from vit_jax import models
+from vit_jax.models import timm_models
 
-import timm_reference
 
 # From the paper's released models (DESIGN.md): 224 px, 1000 classes, no pre-logits.
 PAPER_COUNTS = {
@@ -40,10 +40,9 @@ def test_paper_parameter_counts(name):
 
 @pytest.mark.parametrize("name", sorted(models.MODEL_CONFIGS))
 def test_every_registry_entry_matches_timm_count(name):
-  if timm_reference.timm is None:
-    pytest.skip("timm is not installed (pip install -e '.[test]')")
-  with timm_reference.torch.device("meta"):
-    reference = timm_reference.create(name, num_classes=1000)
+  torch, _ = timm_models.import_torch()
+  with torch.device("meta"):
+    reference = timm_models.create(name, num_classes=1000)
   expected = sum(p.numel() for p in reference.parameters())
   assert count_params(models.create_model(name, num_classes=1000)) == expected
 

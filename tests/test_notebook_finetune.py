@@ -7,7 +7,7 @@ import nbformat
 import pytest
 
 from helpers import REPO, run_notebook, tiny_config
-from vit_jax import checkpoint, export
+from vit_jax import checkpoint
 from vit_jax.train import loop
 
 NOTEBOOK = REPO / "notebooks" / "finetune_fewshot.ipynb"
@@ -32,7 +32,7 @@ def pretrained_npz(dataset, tmp_path_factory):
                   **{f"model.{k}": v for k, v in TINY.items()}, **{"model.classifier": "gap"})
   loop.train_and_evaluate(c, str(workdir))
   npz = str(workdir / "pretrained.npz")
-  export.export(str(workdir), npz)
+  checkpoint.export_npz(str(workdir), npz)
   return npz
 
 

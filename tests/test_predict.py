@@ -1,4 +1,4 @@
-"""`python -m vit_jax.predict`: image files, globs and folders to a CSV of top-k labels,
+"""`vit-predict`: image files, globs and folders to a CSV of top-k labels,
 with a checkpoint (JAX) or an exported model; unreadable images listed, never dropped."""
 import csv
 import glob
@@ -12,7 +12,8 @@ import pytest
 from PIL import Image
 
 from helpers import run_cli, tiny_serving_checkpoint
-from vit_jax import checkpoint, predict
+from vit_jax import checkpoint
+from vit_jax.tools import predict
 from vit_jax.serving import convert, images, labels, runners
 
 
@@ -72,7 +73,7 @@ def test_predict_writes_top_k_and_lists_unreadable_images(model_npz, photo_dir, 
                                                           capsys):
   (tmp_path / "labels.txt").write_text("\n".join(f"digit {i}" for i in range(10)))
   out = tmp_path / "preds.csv"
-  code = predict.main(["predict", model_npz, str(photo_dir), str(photo_dir / "nothing*.png"),
+  code = predict.main([model_npz, str(photo_dir), str(photo_dir / "nothing*.png"),
                        "--labels", str(tmp_path / "labels.txt"), "--top_k", "3",
                        "--batch_size", "4", "--out", str(out)])
   err = capsys.readouterr().err
@@ -97,7 +98,7 @@ def test_predict_with_an_exported_model_matches_jax(model_npz, photo_dir, tmp_pa
   onnx_file = convert.write(checkpoint.load(model_npz), str(tmp_path / "model.onnx"), "onnx")
   results = {}
   for model in (model_npz, onnx_file):
-    assert predict.main(["predict", model, str(photo_dir / "digit*.png"), "--sigmoid"]) == 0
+    assert predict.main([model, str(photo_dir / "digit*.png"), "--sigmoid"]) == 0
     results[model] = read_csv(capsys.readouterr().out)
   jax_rows, onnx_rows = results[model_npz], results[onnx_file]
   assert [r["path"] for r in jax_rows] == [str(photo_dir / f"digit{i}.png") for i in range(3)]
@@ -108,8 +109,8 @@ def test_predict_with_an_exported_model_matches_jax(model_npz, photo_dir, tmp_pa
 
 
 def test_predict_cli_fails_clearly_without_images(model_npz, tmp_path):
-  r = run_cli([sys.executable, "-m", "vit_jax.predict", model_npz, str(tmp_path / "*.jpg")])
+  r = run_cli([sys.executable, "-m", "vit_jax.tools.predict", model_npz, str(tmp_path / "*.jpg")])
   assert r.returncode == 2 and "No image files to classify." in r.stderr
   (tmp_path / "bad.jpg").write_bytes(b"no")
-  r = run_cli([sys.executable, "-m", "vit_jax.predict", model_npz, str(tmp_path)])
+  r = run_cli([sys.executable, "-m", "vit_jax.tools.predict", model_npz, str(tmp_path)])
   assert r.returncode == 1 and "Classified 0 of 1 images; 1 unreadable" in r.stderr

@@ -80,14 +80,29 @@ AUGREG_FLAGS = ("--config.data.randaug_layers=2", "--config.data.randaug_magnitu
                 "--config.model.stochastic_depth=0.1")
 
 
+@pytest.fixture(scope="module")
+def uninterrupted_losses(tmp_path_factory, dataset):
+  """flags -> the train losses of an uninterrupted 40-step run with them, run once."""
+  runs = {}
+
+  def losses(flags: tuple[str, ...]) -> dict[int, float]:
+    if flags not in runs:
+      workdir = tmp_path_factory.mktemp("uninterrupted")
+      full = run_cli(cli(workdir, dataset, "--config.total_steps=40", *flags))
+      assert full.returncode == 0, full.stderr[-3000:]
+      runs[flags] = read_scalars(workdir, "train_loss")
+    return runs[flags]
+
+  return losses
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig,flags", [(signal.SIGKILL, ()), (signal.SIGTERM, ()),
                                        (signal.SIGKILL, AUGREG_FLAGS)],
                          ids=["SIGKILL", "SIGTERM", "SIGKILL_augreg"])
-def test_killed_run_resumes_to_the_same_losses(tmp_path, dataset, sig, flags):
-  full = run_cli(cli(tmp_path / "full", dataset, "--config.total_steps=40", *flags))
-  assert full.returncode == 0, full.stderr[-3000:]
-  expected = read_scalars(tmp_path / "full", "train_loss")
+def test_killed_run_resumes_to_the_same_losses(tmp_path, dataset, uninterrupted_losses, sig,
+                                               flags):
+  expected = uninterrupted_losses(flags)
 
   workdir = tmp_path / "killed"
   proc = subprocess.Popen(cli(workdir, dataset, "--config.total_steps=40", *flags),

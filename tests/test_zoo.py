@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from helpers import tiny_config
-from vit_jax import checkpoint, fewshot, models, zoo
+from vit_jax import checkpoint, models
+from vit_jax.tools import fewshot, zoo
 from vit_jax.checkpoint import augreg
 from vit_jax.train import loop
 
@@ -166,11 +167,11 @@ def test_list_upstream_csv_and_json(zoo_dir, cache_dir, capsys):
 
 def test_list_errors_name_the_fix(zoo_dir, cache_dir, capsys):
   rc, _, err = run_zoo(capsys, "list", "--zoo_dir", zoo_dir, "--model", "S16x")
-  assert rc == 1 and "Unknown AugReg model 'S16x'. Did you mean S_16" in err
+  assert rc == 2 and "Unknown AugReg model 'S16x'. Did you mean S_16" in err
   rc, _, err = run_zoo(capsys, "list", "--zoo_dir", zoo_dir, "--wd", "heavy")
-  assert rc == 1 and "wd is a number column" in err
+  assert rc == 2 and "wd is a number column" in err
   rc, _, err = run_zoo(capsys, "list", "--zoo_dir", zoo_dir, "--sort", "accuracy")
-  assert rc == 1 and "Cannot sort by ['accuracy']" in err
+  assert rc == 2 and "Cannot sort by ['accuracy']" in err
 
 
 # fetch and resolve
@@ -238,14 +239,14 @@ def test_unreachable_zoo_names_the_url_and_the_fix(tmp_path, cache_dir, capsys):
   os.makedirs(missing)
   rc, _, err = run_zoo(capsys, "fetch", "--zoo_dir", missing, TI)
   dest = os.path.join(cache_dir, TI + ".npz")
-  assert rc == 1
+  assert rc == 2
   assert f"Cannot read {missing}/{TI}.npz" in err
   assert f"cp {missing}/{TI}.npz {dest}" in err
-  assert f"python -m vit_jax.zoo fetch {TI} --cache_dir {cache_dir} --zoo_dir DIR" in err
+  assert f"vit-zoo fetch {TI} --cache_dir {cache_dir} --zoo_dir DIR" in err
   assert not os.path.exists(cache_dir) or os.listdir(cache_dir) == []
 
   rc, _, err = run_zoo(capsys, "list", "--zoo_dir", missing)
-  assert rc == 1 and f"No index.csv in {missing}" in err
+  assert rc == 2 and f"No index.csv in {missing}" in err
 
 
 def test_unreachable_bucket_names_the_url_and_the_fix(cache_dir, monkeypatch):

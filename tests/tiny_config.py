@@ -1,4 +1,4 @@
-"""A few-step run of a tiny ViT, for the tests that drive `python -m vit_jax.main`."""
+"""A few-step run of a tiny ViT, for the tests that drive `vit-train`."""
 from vit_jax.train.config import base_config
 
 

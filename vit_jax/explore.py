@@ -1,4 +1,4 @@
-"""What notebooks/explore_checkpoint.ipynb and `python -m vit_jax.inspect` compute: from a
+"""What notebooks/explore_checkpoint.ipynb and `vit-inspect` compute: from a
 loaded checkpoint (`checkpoint.load`) and images, top-k labels, attention maps (rollout and
 per head), the mean attention distance per head, position-embedding similarity and the
 principal components of the patch-embedding filters (figures 6 and 7 of the ViT paper).

@@ -1,7 +1,7 @@
 """The paper's analysis figures (figures 6 and 7 of "An Image is Worth 16x16 Words"): the
 principal components of the patch-embedding filters, the similarity of the position
 embeddings, the mean attention distance of every head against depth, and attention
-rollout on images. `python -m vit_jax.inspect --figures` writes them as PNG; the explore
+rollout on images. `vit-inspect --figures` writes them as PNG; the explore
 notebook shows them. `vit_jax.explore` computes what they draw.
 
 Figures are built with matplotlib's object-oriented API (`Figure`, no pyplot): nothing is

@@ -100,7 +100,7 @@ def _unreachable(url: str, dest: str, cause: Exception, fetch_hint: bool = True)
   else:
     how = [f"  cp {url} {dest}"]
   if fetch_hint:
-    how.append(f"  python -m vit_jax.zoo fetch {os.path.basename(dest).removesuffix('.npz')} "
+    how.append(f"  vit-zoo fetch {os.path.basename(dest).removesuffix('.npz')} "
                f"--cache_dir {os.path.dirname(dest)} --zoo_dir DIR   (DIR: a local folder "
                "holding the bucket's files)")
   else:
@@ -232,7 +232,7 @@ def best_checkpoint(rows: Iterable[Row], model: str) -> Row:
   candidates = [r for r in filter_rows(rows, model=key, ds="i21k") if r["final_val"] is not None]
   if not candidates:
     raise ZooError(f"The index has no i21k checkpoint of {key} with a final_val; "
-                   f"name one by its full filename (python -m vit_jax.zoo list --model {key}).")
+                   f"name one by its full filename (vit-zoo list --model {key}).")
   return max(candidates, key=lambda r: r["final_val"])
 
 
@@ -291,7 +291,7 @@ def _unknown_filename(rows: Sequence[Row], filename: str) -> ZooError:
            if r[c] and r[c].startswith(model + "-")}
   close = difflib.get_close_matches(filename, names, n=5, cutoff=0.6)
   hint = ("Close names:\n  " + "\n  ".join(close)) if close else (
-      f"List the names with: python -m vit_jax.zoo list --model {model}")
+      f"List the names with: vit-zoo list --model {model}")
   return ZooError(f"{filename!r} is not in the AugReg index. {hint}")
 
 

@@ -59,7 +59,7 @@ class Description:
   dataset: str | None = None  # What it was trained (or fine-tuned) on.
   step: int | None = None  # The training step the parameters are from.
   parent: str | None = None  # The checkpoint it was fine-tuned from (config.pretrained).
-  exported_from: str | None = None  # The checkpoint `vit_jax.export` read to write it.
+  exported_from: str | None = None  # The checkpoint `vit-export` read to write it.
   config: dict[str, Any] | None = None  # The training config that wrote it.
   assumed: tuple[str, ...] = ()  # Fields filled in from documented defaults, not the file.
 

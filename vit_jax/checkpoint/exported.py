@@ -1,4 +1,4 @@
-"""A checkpoint's description, written into and read back from the models `vit_jax.export`
+"""A checkpoint's description, written into and read back from the models `vit-export`
 writes (the serving formats of `vit_jax.serving`).
 
 - SavedModel: `assets.extra/vit_jax_description.json`, where TensorFlow Serving keeps files
@@ -16,10 +16,18 @@ METADATA_NAME = "vit_jax_description"
 _SAVEDMODEL_FILE = f"assets.extra/{METADATA_NAME}.json"
 
 
-def is_exported(path: str) -> bool:
-  """Whether `path` is a model `vit_jax.export` writes: a SavedModel, .tflite or .onnx."""
+def format_of(path: str) -> str | None:
+  """Which serving format `path` holds, by its name ('onnx', 'tflite'; a SavedModel is a
+  folder with saved_model.pb): None for anything else, e.g. a checkpoint."""
   p = epath.Path(path)
-  return p.suffix in (".tflite", ".onnx") or (p / "saved_model.pb").exists()
+  if p.suffix in (".onnx", ".tflite"):
+    return p.suffix[1:]
+  return "savedmodel" if (p / "saved_model.pb").exists() else None
+
+
+def is_exported(path: str) -> bool:
+  """Whether `path` is a model `vit-export` writes: a SavedModel, .tflite or .onnx."""
+  return format_of(path) is not None
 
 
 def write_savedmodel(saved_model_dir: str, description: Description) -> None:
@@ -82,5 +90,5 @@ def read(path: str) -> Description:
     text = f.read_text() if f.exists() else None
   if text is None:
     raise ValueError(f"{path} carries no vit_jax description: it was not written by "
-                     "`python -m vit_jax.export` (or by a version before descriptions).")
+                     "`vit-export` (or by a version before descriptions).")
   return Description.from_json(text)

@@ -33,9 +33,8 @@ class Loaded:
   def from_model(cls, model: models.VisionTransformer, params: dict[str, Any], image_size: int,
                  source: str) -> "Loaded":
     """A model built in code, described with the default preprocessing (assumed)."""
-    fields = {f: getattr(model, f) for f in models.registry.ARCHITECTURE + (
-        "classifier", "representation_size", "posemb")}
-    described = desc_lib.Description(model=fields, image_size=image_size,
+    described = desc_lib.Description(model=models.registry.described_fields(model),
+                                     image_size=image_size,
                                      num_classes=model.num_classes,
                                      model_name=model.name_in_registry, assumed=("preprocessing",))
     return cls(model, params, described, source)
@@ -109,13 +108,22 @@ def read(path: str) -> tuple[dict[str, np.ndarray], Description, str]:
 
 
 def describe(path: str) -> Description:
-  """The description of any checkpoint `read` takes, or of a model `vit_jax.export` wrote
+  """The description of any checkpoint `read` takes, or of a model `vit-export` wrote
   (a SavedModel folder, a .tflite or an .onnx file)."""
   if exported.is_exported(path):
     return exported.read(path)
   if not augreg.is_spec(path) and epath.Path(path).is_dir():  # A run: no arrays to read.
     return run.read_step_description(run.latest_step_dir(path))
   return read(path)[1]
+
+
+def export_npz(path: str, out: str) -> Description:
+  """Writes any checkpoint's params in the released layout, with its description (the
+  checkpoint it was read from in `exported_from`), to `out`; returns the description."""
+  flat, described, source = read(path)
+  described = described.replace(exported_from=source)
+  npz.save_npz(out, npz.unflatten(flat), described)
+  return described
 
 
 def load_params(path: str, target: npz.Params) -> dict[str, Any]:

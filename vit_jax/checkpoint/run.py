@@ -35,11 +35,29 @@ def finished_steps(workdir: str | epath.Path) -> list[int]:
   return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
 
 
+def make_meta(model_name: str | None, num_classes: int, model: dict[str, Any],
+              trajectory: dict[str, Any]) -> dict[str, Any]:
+  """A run's metadata: what a checkpoint must agree with to be resumed, the model (its
+  architecture's fields, which loaders also read from here) and everything else that changes
+  the trajectory (JSON values)."""
+  return {"model_name": model_name, "num_classes": num_classes, "model": model,
+          "trajectory": trajectory}
+
+
+def _meta_file(step_dir: epath.Path) -> epath.Path:
+  return step_dir / "meta" / "metadata"
+
+
+def _read_meta(step_dir: epath.Path) -> dict[str, Any]:
+  """A step's metadata, without restoring any state."""
+  return json.loads(_meta_file(step_dir).read_text())
+
+
 def newest_meta(workdir: str | epath.Path) -> dict[str, Any] | None:
   """The metadata of the newest step whose metadata reads, without restoring any state."""
   for step in reversed(finished_steps(workdir)):
     try:
-      return json.loads((checkpoint_dir(workdir) / str(step) / "meta" / "metadata").read_text())
+      return _read_meta(checkpoint_dir(workdir) / str(step))
     except (OSError, ValueError):
       continue
   return None
@@ -190,7 +208,7 @@ def check_resumable(found: dict[str, Any] | None, wanted: dict[str, Any], workdi
 
 
 def is_step_dir(path: epath.Path) -> bool:
-  return (path / "state").is_dir() and (path / "meta" / "metadata").exists()
+  return (path / "state").is_dir() and _meta_file(path).exists()
 
 
 def latest_step_dir(path: str | epath.Path) -> epath.Path:
@@ -220,8 +238,7 @@ def read_params(step_dir: str | epath.Path) -> tuple[dict[str, np.ndarray], dict
   restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
   state = checkpointer.restore(step_dir / "state",
                                args=ocp.args.PyTreeRestore(restore_args=restore_args))
-  meta = json.loads((step_dir / "meta" / "metadata").read_text())
-  return flatten(state["params"]), meta
+  return flatten(state["params"]), _read_meta(step_dir)
 
 
 def step_description(meta: dict[str, Any], step: int) -> Description:
@@ -245,5 +262,4 @@ def read_step(step_dir: str | epath.Path) -> tuple[dict[str, np.ndarray], Descri
 def read_step_description(step_dir: str | epath.Path) -> Description:
   """The description of one step, without reading its arrays."""
   step_dir = _checked_step_dir(step_dir)
-  meta = json.loads((step_dir / "meta" / "metadata").read_text())
-  return step_description(meta, int(step_dir.name))
+  return step_description(_read_meta(step_dir), int(step_dir.name))

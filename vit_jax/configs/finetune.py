@@ -11,6 +11,7 @@ from vit_jax.train.config import base_config
 TOTAL_STEPS = {"cifar10": 10_000, "cifar100": 10_000, "imagenet2012": 20_000,
                "oxford_iiit_pet": 500, "oxford_flowers102": 500}
 EVAL_SPLITS = {"imagenet2012": "validation"}
+IMAGE_SIZE = 384
 
 
 def get_config(arg: str = "b16,cifar10"):
@@ -18,7 +19,7 @@ def get_config(arg: str = "b16,cifar10"):
   c = base_config()
   c.model_name = models.resolve_name(model)
   c.data.update(name=dataset, train_split="train", eval_split=EVAL_SPLITS.get(dataset, "test"),
-                image_size=384, train_crop="inception", inception_area=(0.05, 1.0), flip=True,
+                image_size=IMAGE_SIZE, train_crop="inception", inception_area=(0.05, 1.0), flip=True,
                 eval_crop="resize")
   c.batch_size = 512
   c.total_steps = TOTAL_STEPS.get(dataset, 10_000)

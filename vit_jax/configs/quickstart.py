@@ -1,6 +1,6 @@
 """Quick-start: a small ViT on Fashion-MNIST, trained and evaluated on CPU in minutes.
 
-python -m vit_jax.main --config quickstart --workdir /tmp/vit_quickstart
+vit-train --config quickstart --workdir /tmp/vit_quickstart
 """
 from vit_jax.train.config import base_config
 

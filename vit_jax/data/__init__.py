@@ -5,8 +5,10 @@ from vit_jax.data.pipeline import DatasetInfo
 from vit_jax.data.pipeline import dataset_info
 from vit_jax.data.pipeline import eval_iterator
 from vit_jax.data.pipeline import train_iterator
+from vit_jax.data.sources import DataOptionError
 
 __all__ = [
+    "DataOptionError",
     "DatasetInfo",
     "dataset_info",
     "eval_iterator",

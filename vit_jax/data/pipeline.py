@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import dataclasses
 import functools
 import os
+from typing import Callable
 
 import jax
 import ml_collections
@@ -58,7 +59,8 @@ def _meta(source: sources.Source, cfg: ml_collections.ConfigDict,
   try:
     return source.meta(cfg[field])
   except ValueError as e:
-    raise ValueError(f"data.{field}={cfg[field]!r}: {e}") from None
+    raise sources.DataOptionError("{" + field + "}={value!r}: {detail}", value=cfg[field],
+                                  detail=e) from None
 
 
 def dataset_info(cfg: ml_collections.ConfigDict) -> DatasetInfo:
@@ -172,6 +174,29 @@ def _epochs(first_epoch: int, one_epoch) -> tf.data.Dataset:
   return tf.data.Dataset.range(first_epoch, _INT64_MAX).flat_map(one_epoch)
 
 
+def _shuffled_epochs(source: sources.Source, cfg: ml_collections.ConfigDict, mode: str | None,
+                     key: tf.Tensor, first_epoch: int, process_index: int,
+                     process_count: int, n: int) -> tuple[tf.data.Dataset, Callable]:
+  """The shard's examples epoch after epoch from `first_epoch`, each epoch in its own order,
+  and the function that turns an element into an example (an index into the table, or the
+  streamed example itself)."""
+  if mode:  # In memory: index_shuffle gives each epoch's exact permutation.
+    table = sources.load_table(source, cfg.train_split, process_index,
+                               process_count, mode == "decoded")
+    table = {k: tf.constant(v) for k, v in table.items()}
+    ds = _epochs(first_epoch, lambda epoch: tf.data.Dataset.from_tensor_slices(
+        tf.random.experimental.index_shuffle(
+            tf.range(n, dtype=tf.int64), _rng(key, _SHUFFLE, epoch), n - 1)))
+    return ds, lambda i: {k: tf.gather(v, i) for k, v in table.items()}
+  # Streamed from disk through a shuffle buffer seeded per epoch.
+  examples = source.read(cfg.train_split, process_index, process_count)
+  ds = _epochs(first_epoch, lambda epoch: examples.shuffle(
+      cfg.shuffle_buffer, seed=tf.random.stateless_uniform(
+          [], _rng(key, _SHUFFLE, epoch), minval=None, maxval=None,
+          dtype=tf.int64)))
+  return ds, lambda example: example
+
+
 def _train_dataset(cfg: ml_collections.ConfigDict, *, local_batch: int,
                    seed: int, start_step: int, process_index: int,
                    process_count: int) -> tf.data.Dataset:
@@ -180,27 +205,14 @@ def _train_dataset(cfg: ml_collections.ConfigDict, *, local_batch: int,
   meta = _meta(source, cfg, "train_split")
   n = source.shard_sizes(cfg.train_split, process_count)[process_index]
   if n == 0:
-    raise ValueError(f"data.train_split={cfg.train_split!r} has no examples "
-                     f"for process {process_index} of {process_count}.")
+    raise sources.DataOptionError("{train_split}={value!r} has no examples for process "
+                                  "{index} of {count}.", value=cfg.train_split,
+                                  index=process_index, count=process_count)
   key = tf.constant([seed, process_index], tf.int64)
   start = start_step * local_batch  # Position of this run's first example.
   mode = _table_mode(cfg, meta, process_count)
-
-  if mode:  # In memory: index_shuffle gives each epoch's exact permutation.
-    table = sources.load_table(source, cfg.train_split, process_index,
-                               process_count, mode == "decoded")
-    table = {k: tf.constant(v) for k, v in table.items()}
-    ds = _epochs(start // n, lambda epoch: tf.data.Dataset.from_tensor_slices(
-        tf.random.experimental.index_shuffle(
-            tf.range(n, dtype=tf.int64), _rng(key, _SHUFFLE, epoch), n - 1)))
-    gather = lambda i: {k: tf.gather(v, i) for k, v in table.items()}
-  else:  # Streamed from disk through a shuffle buffer seeded per epoch.
-    examples = source.read(cfg.train_split, process_index, process_count)
-    ds = _epochs(start // n, lambda epoch: examples.shuffle(
-        cfg.shuffle_buffer, seed=tf.random.stateless_uniform(
-            [], _rng(key, _SHUFFLE, epoch), minval=None, maxval=None,
-            dtype=tf.int64)))
-    gather = lambda example: example
+  ds, gather = _shuffled_epochs(source, cfg, mode, key, start // n, process_index,
+                                process_count, n)
   # Skip what an interrupted run consumed, before any decoding.
   ds = ds.skip(start % n)
 

@@ -10,6 +10,7 @@ import functools
 import math
 import os
 import random
+from typing import Any, Mapping
 
 from absl import logging
 import numpy as np
@@ -19,12 +20,30 @@ import tensorflow_datasets as tfds
 from vit_jax.data import fashion_mnist
 from vit_jax.data import preprocess
 
+# How a user sets each data option, in the config's terms. A command line with flags of its
+# own words the same errors in its terms: DataOptionError.worded (vit_jax/tools/fewshot.py).
+CONFIG_OPTIONS = {"name": "data.name", "data_dir": "data.data_dir",
+                  "download": "set data.download=True", "no_download": "data.download=False",
+                  "train_split": "data.train_split", "eval_split": "data.eval_split"}
+
 _HOW_TO_SUPPLY = (
-    "Supply the data in one of these ways: set data.data_dir to the TFDS data "
-    "directory that holds it (e.g. after `tfds build NAME --data_dir=DIR` on a "
-    "machine with network access); set data.download=True to let TFDS download "
-    "and prepare it; or set data.name to an image folder laid out as "
+    "Supply the data in one of these ways: set {data_dir} to the TFDS data "
+    "directory that holds it (e.g. after `tfds build {dataset} --data_dir=DIR` on a "
+    "machine with network access); {download} to let TFDS download "
+    "and prepare it; or set {name} to an image folder laid out as "
     "ROOT/<split>/<class>/<image>.")
+
+
+class DataOptionError(ValueError):
+  """Data that its options do not let the pipeline read. The message names the options as
+  the config does; `worded(options)` as the caller's user sets them (CONFIG_OPTIONS' keys)."""
+
+  def __init__(self, template: str, **values: Any):
+    self.template, self.values = template, values
+    super().__init__(self.worded(CONFIG_OPTIONS))
+
+  def worded(self, options: Mapping[str, str]) -> str:
+    return self.template.format(**options, **self.values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,16 +70,16 @@ class TfdsSource:
     except tfds.core.registered.DatasetNotFoundError:
       close = difflib.get_close_matches(name.split(":")[0], tfds.list_builders())
       hint = f" Did you mean {close}?" if close else ""
-      raise ValueError(
-          f"data.name={name!r} is neither a TFDS dataset nor an existing directory.{hint} "
-          + _HOW_TO_SUPPLY.replace("NAME", "DATASET")) from None
+      raise DataOptionError(
+          "{name}={value!r} is neither a TFDS dataset nor an existing directory.{hint} "
+          + _HOW_TO_SUPPLY, value=name, hint=hint, dataset="DATASET") from None
     if not self._builder.is_prepared():
       if not download:
-        raise ValueError(
-            f"TFDS dataset {self._builder.info.full_name!r} is not prepared in "
-            f"data_dir={self._builder.data_dir_root!r} (data.data_dir="
-            f"{data_dir!r}) and data.download=False. "
-            + _HOW_TO_SUPPLY.replace("NAME", name))
+        raise DataOptionError(
+            "TFDS dataset {full_name!r} is not prepared in data_dir={root!r} ({data_dir}="
+            "{value!r}) and {no_download}. " + _HOW_TO_SUPPLY,
+            full_name=self._builder.info.full_name, root=self._builder.data_dir_root,
+            value=data_dir, dataset=name)
       self._builder.download_and_prepare()
 
     info = self._builder.info
@@ -68,8 +87,8 @@ class TfdsSource:
     if (not keys or len(keys) != 2 or not isinstance(keys[0], str) or
         not isinstance(info.features[keys[0]], tfds.features.Image) or
         not isinstance(info.features[keys[1]], tfds.features.ClassLabel)):
-      raise ValueError(f"data.name={name!r}: expected a TFDS dataset with "
-                       f"(image, class label) supervised keys, got {keys}.")
+      raise DataOptionError("{name}={value!r}: expected a TFDS dataset with (image, class "
+                            "label) supervised keys, got {keys}.", value=name, keys=keys)
     self._image_key, label_key = keys
     self.class_names = tuple(info.features[label_key].names)
     image_shape = info.features[self._image_key].shape
@@ -140,8 +159,8 @@ class FolderSource:
     self.name = root
     root = os.path.expanduser(root)
     if not tf.io.gfile.isdir(root):
-      raise ValueError(f"data.name={self.name!r} is not a directory. "
-                       + _HOW_TO_SUPPLY.replace("NAME", "DATASET"))
+      raise DataOptionError("{name}={value!r} is not a directory. " + _HOW_TO_SUPPLY,
+                            value=self.name, dataset="DATASET")
     self._on_bad_image = on_bad_image
     self._class_split, self._allow_mismatch = class_split, allow_class_mismatch
     self._splits = {name.rstrip("/"): _list_split(os.path.join(root, name))

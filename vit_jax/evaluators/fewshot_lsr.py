@@ -17,7 +17,7 @@ from vit_jax import data
 from vit_jax.checkpoint.description import Preprocessing
 
 BIAS_CONSTANT = 100.0
-# The defaults of every few-shot entry point (config.fewshot, vit_jax.fewshot, the notebook).
+# The defaults of every few-shot entry point (config.fewshot, vit-fewshot, the notebook).
 DEFAULT_SHOTS = (1, 5, 10, 25)
 DEFAULT_SEEDS = 3
 DEFAULT_L2 = tuple(2.0**k for k in range(-10, 20, 2))

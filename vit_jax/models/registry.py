@@ -47,6 +47,15 @@ ARCHITECTURE = ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers
                 "resnet_layers", "resnet_width_factor")
 
 
+# What a checkpoint's description records of its model: the architecture and the fields that
+# decide what its parameters mean (pooling, pre-logits, position embedding).
+DESCRIBED = ARCHITECTURE + ("classifier", "representation_size", "posemb")
+
+
+def described_fields(model: VisionTransformer) -> dict[str, Any]:
+  return {f: getattr(model, f) for f in DESCRIBED}
+
+
 def model_config(name: str, **overrides: Any) -> dict[str, Any]:
   """The constructor arguments of a named model, with overrides applied.
 

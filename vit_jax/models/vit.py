@@ -293,15 +293,18 @@ class VisionTransformer(nn.Module):
     return MAPHead(self.mlp_dim, self.num_heads, self.dtype, self.attention_impl,
                    name="MAPHead_0")(encoded)
 
-  @nn.compact
-  def __call__(self, images: jnp.ndarray, *, train: bool = False,
-               return_aux: bool = False, return_attention: bool = False):
+  def _check_fields(self) -> None:
     if self.classifier not in CLASSIFIERS:
       raise ValueError(f"classifier={self.classifier!r}, expected one of {CLASSIFIERS}.")
     if self.posemb not in POSEMBS:
       raise ValueError(f"posemb={self.posemb!r}, expected one of {POSEMBS}.")
     if not 0 <= self.stochastic_depth < 1:
       raise ValueError(f"stochastic_depth={self.stochastic_depth!r}, expected a rate in [0, 1).")
+
+  @nn.compact
+  def __call__(self, images: jnp.ndarray, *, train: bool = False,
+               return_aux: bool = False, return_attention: bool = False):
+    self._check_fields()
     self._check_inputs(images)
     x = images.astype(self.dtype)
     if self.resnet_layers is not None:

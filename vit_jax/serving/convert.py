@@ -29,3 +29,13 @@ def write(loaded: checkpoint.Loaded, out: str, fmt: str, **kwargs) -> str:
     from vit_jax.serving import onnx
     return onnx.from_tflite(tflite.from_savedmodel(saved, f"{tmp}/model.tflite"), out,
                             loaded.description)
+
+
+def export(path: str, out: str, fmt: str, model_name: str | None = None,
+           image_size: int | None = None) -> checkpoint.Loaded:
+  """Writes the checkpoint at `path` as `fmt` to `out` (at `image_size`, the position
+  embedding resized; `model_name` checked against the file); returns the model it loaded."""
+  loaded = checkpoint.load(path, model_name, image_size=image_size)
+  loaded.description = loaded.description.replace(exported_from=loaded.source)
+  write(loaded, out, fmt)
+  return loaded

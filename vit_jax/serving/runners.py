@@ -6,7 +6,6 @@ the default backend, the batch split over the local devices).
 All take the serving signature's input, so they are compared image for image.
 """
 import dataclasses
-import os
 from collections.abc import Callable
 
 import jax
@@ -95,20 +94,9 @@ def onnx_runner(path: str, num_threads: int | None = None) -> Runner:
   return Runner("onnx", int(shape[1]), int(num_classes), run, path, _description(path))
 
 
-def model_format(path: str) -> str:
-  """Which of FORMATS `path` holds, by its name (a SavedModel: a folder with saved_model.pb)."""
-  if path.endswith(".onnx"):
-    return "onnx"
-  if path.endswith(".tflite"):
-    return "tflite"
-  if os.path.isfile(os.path.join(path, "saved_model.pb")):
-    return "savedmodel"
-  return "jax"
-
-
 def open_model(path: str, **load_kwargs) -> Runner:
   """A Runner for an exported model or any checkpoint (`load_kwargs` go to checkpoint.load)."""
-  fmt = model_format(path)
+  fmt = exported.format_of(path) or "jax"
   if fmt != "jax":
     if load_kwargs:
       raise ValueError(f"{path} is an exported {fmt} model: its architecture and resolution "

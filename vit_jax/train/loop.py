@@ -70,22 +70,30 @@ def _jsonable(tree: Any) -> Any:
   return json.loads(json.dumps(tree, default=list))
 
 
+_REGULARISATION = ("dropout", "attention_dropout", "stochastic_depth")
+
+
+def _model_fields(c: ml_collections.ConfigDict) -> dict[str, Any]:
+  return models.model_config(c.model_name, **_model_overrides(c))
+
+
+def _architecture(c: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The model's fields that its parameters depend on (no regularisation, no remat)."""
+  return _jsonable({k: v for k, v in _model_fields(c).items()
+                    if k not in _REGULARISATION + ("remat", "attention_impl")})
+
+
 def run_meta(c: ml_collections.ConfigDict, num_classes: int, total_steps: int,
              warmup_steps: int) -> dict[str, Any]:
-  """What a checkpoint must agree with to be resumed: the model (its architecture, which
-  loaders also read from here) and everything else that changes the trajectory."""
-  fields = models.model_config(c.model_name, **_model_overrides(c))
-  regularisation = ("dropout", "attention_dropout", "stochastic_depth")
-  model = {k: v for k, v in fields.items()
-           if k not in regularisation + ("remat", "attention_impl")}
+  """What a checkpoint must agree with to be resumed: the model and everything else that
+  changes the trajectory."""
   data_fields = {k: v for k, v in c.data.items() if k not in _DATA_FIELDS_OFF_TRAJECTORY}
   trajectory = dict(
       seed=c.seed, dtype=c.dtype, loss=c.loss, label_smoothing=c.label_smoothing,
       batch_size=c.batch_size, accum_steps=c.accum_steps, total_steps=total_steps,
       warmup_steps=warmup_steps, optimizer=c.optimizer.to_dict(), data=data_fields,
-      **{k: fields.get(k, 0.0) for k in regularisation})
-  return _jsonable({"model_name": c.model_name, "num_classes": num_classes, "model": model,
-                    "trajectory": trajectory})
+      **{k: _model_fields(c).get(k, 0.0) for k in _REGULARISATION})
+  return run.make_meta(c.model_name, num_classes, _architecture(c), _jsonable(trajectory))
 
 
 def resolve_value_range(c: ml_collections.ConfigDict) -> None:
@@ -131,7 +139,7 @@ class _Job:
     """What every checkpoint of the run records about itself (`save` adds the step)."""
     c = self.config
     return checkpoint.Description(
-        model=self.meta["model"], model_name=c.model_name, num_classes=self.model.num_classes,
+        model=_architecture(c), model_name=c.model_name, num_classes=self.model.num_classes,
         image_size=c.data.image_size, class_names=self.class_names,
         preprocessing=checkpoint.Preprocessing.from_data_config(c.data),
         output=description_lib.output_of_loss(c.loss), dataset=c.data.name,

@@ -1,4 +1,4 @@
-"""Few-shot sweeps over checkpoints: `python -m vit_jax.fewshot CKPT... --datasets a,b`.
+"""Few-shot sweeps over checkpoints: `vit-fewshot CKPT... --datasets a,b`.
 
 Checkpoints: released .npz files (any layout; `--model` names the architecture, else it
 is read off the arrays' shapes), training runs' workdirs (their latest step) or step
@@ -19,8 +19,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from vit_jax import checkpoint, models
+from vit_jax import checkpoint, data, models
 from vit_jax.evaluators import fewshot_lsr
+from vit_jax.tools import cli
 from vit_jax.train import sharding
 
 
@@ -101,7 +102,7 @@ def sweep(checkpoints: Sequence[str], model_name: str | None, datasets: Sequence
                                         batch_size, batch_sharding, preprocessing, download)
 
   # Reads only the datasets' metadata: a dataset that cannot be read fails here, once.
-  batches(image_size or 224, checkpoint.Preprocessing())
+  batches(image_size or checkpoint.description.DEFAULT_IMAGE_SIZE, checkpoint.Preprocessing())
   rows, failures = [], {}
   for i, path in enumerate(checkpoints):
     print(f"[{i + 1}/{len(checkpoints)}] {path}", flush=True)
@@ -115,25 +116,18 @@ def sweep(checkpoints: Sequence[str], model_name: str | None, datasets: Sequence
   return rows, failures
 
 
-# The data pipeline's advice speaks of config fields; this command's flags say the same.
-_FLAGS_FOR_FIELDS = (("set data.download=True", "pass --download"),
-                     ("data.download=False", "no --download"), ("data.data_dir", "--data_dir"),
-                     ("set data.name to", "name in --datasets"), ("data.name", "--datasets"),
-                     ("data.train_split", "--train_split"), ("data.eval_split", "--test_split"))
-
-
-def _in_flag_terms(message: str) -> str:
-  for field, flag in _FLAGS_FOR_FIELDS:
-    message = message.replace(field, flag)
-  return message
+# How this command's flags set the data options that the data pipeline's errors name.
+_DATA_OPTIONS = {"name": "--datasets", "data_dir": "--data_dir", "download": "pass --download",
+                 "no_download": "no --download", "train_split": "--train_split",
+                 "eval_split": "--test_split"}
 
 
 def _ints(s: str) -> list[int]:
   return [int(v) for v in s.split(",")]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def parser() -> argparse.ArgumentParser:
+  p = cli.parser("vit-fewshot", __doc__)
   p.add_argument("checkpoints", nargs="+", help=".npz files, orbax step dirs, or globs")
   p.add_argument("--model", help="architecture of .npz checkpoints, e.g. ViT-B_16 or b16 "
                  "(default: inferred from the arrays)")
@@ -151,7 +145,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("--l2", type=lambda s: [float(v) for v in s.split(",")],
                  default=list(fewshot_lsr.DEFAULT_L2))
   p.add_argument("--out_dir", default="fewshot_results")
-  args = p.parse_args(argv)
+  return p
+
+
+@cli.command
+def main(argv: list[str]) -> int:
+  args = parser().parse_args(argv)
   paths = []
   for pattern in args.checkpoints:
     found = sorted(glob.glob(pattern))
@@ -160,15 +159,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     _, failures = sweep(paths, args.model, args.datasets.split(","), args.data_dir,
                         args.train_split, args.test_split, args.image_size, args.batch_size,
                         args.shots, args.seeds, args.l2, args.out_dir, args.download)
-  except ValueError as e:  # A dataset that cannot be read: nothing to probe on.
-    print(f"error: {_in_flag_terms(str(e))}", file=sys.stderr, flush=True)
-    return 2
+  except data.DataOptionError as e:  # A dataset that cannot be read: nothing to probe on.
+    return cli.input_error(e.worded(_DATA_OPTIONS))
   print(f"Wrote {args.out_dir}/fewshot.{{csv,md,png}}", flush=True)
-  return 1 if len(failures) == len(paths) else 0
+  return cli.FAILED if len(failures) == len(paths) else 0
 
 
 def run() -> None:
-  sys.exit(main())
+  cli.run(main)
 
 
 if __name__ == "__main__":

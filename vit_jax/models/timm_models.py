@@ -1,15 +1,24 @@
-"""Builds timm's matching models, the independent implementation tests compare against."""
+"""timm's ViTs beside this project's: the timm model of each registry name, and a timm ViT's
+weights as original-layout .npz arrays (the inverse of timm's `_load_weights`), which
+`checkpoint.load_npz` reads. The independent implementation the tests and benchmarks compare
+against.
+
+torch and timm are imported on first use. A process that also uses TensorFlow must import
+them first (`import_torch()` before TensorFlow): the other order crashes in triton's import
+(torch 2.14, TensorFlow 2.21).
+"""
 import functools
+import types
 
 import numpy as np
 
-torch = None
-timm = None
-try:
-  import timm
+
+def import_torch() -> tuple[types.ModuleType, types.ModuleType]:
+  """(torch, timm), imported: `pip install 'vit_jax[test]'` installs them."""
   import torch
-except ImportError:  # pragma: no cover - the [test] extra installs both.
-  pass
+  import timm
+  return torch, timm
+
 
 # Registry name -> (timm model name, extra timm kwargs).
 TIMM_NAMES = {
@@ -36,6 +45,7 @@ for _n in ("ViT-S_16", "ViT-B_16", "ViT-S_32", "ViT-B_32"):
 
 def create(name: str, **kwargs):
   """timm's model for a registry name, with the official tanh-approximated GELU."""
+  torch, timm = import_torch()
   timm_name, extra = TIMM_NAMES[name]
   act = functools.partial(torch.nn.GELU, approximate="tanh")
   return timm.create_model(timm_name, pretrained=False, act_layer=act, **extra, **kwargs)
@@ -43,6 +53,7 @@ def create(name: str, **kwargs):
 
 def logits(model, images: np.ndarray) -> np.ndarray:
   """timm logits for NHWC float images."""
+  torch, _ = import_torch()
   model.eval()
   with torch.no_grad():
     x = torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2)))

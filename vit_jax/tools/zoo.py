@@ -1,8 +1,8 @@
 """The AugReg zoo from the command line.
 
-  python -m vit_jax.zoo list --model S_16 --ds i21k --upstream --sort final_val
-  python -m vit_jax.zoo list --adapt_ds imagenet2012 --adapt_resolution 384 --format csv
-  python -m vit_jax.zoo fetch S_16 Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0
+  vit-zoo list --model S_16 --ds i21k --upstream --sort final_val
+  vit-zoo list --adapt_ds imagenet2012 --adapt_resolution 384 --format csv
+  vit-zoo fetch S_16 Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0
 
 `--zoo_dir` (default $VIT_JAX_AUGREG_DIR or gs://vit_models/augreg) is any location
 holding index.csv and the .npz files, a local folder included; fetched files go to
@@ -15,6 +15,7 @@ import sys
 from typing import Any, Mapping, Sequence
 
 from vit_jax.checkpoint import augreg
+from vit_jax.tools import cli
 
 FILTERS = ("name", "ds", "epochs", "lr", "aug", "wd", "do", "sd", "adapt_ds", "adapt_lr",
            "adapt_steps", "adapt_resolution")
@@ -100,8 +101,7 @@ def parser() -> argparse.ArgumentParser:
   common.add_argument("--cache_dir", default=None,
                       help="the local cache (default: $VIT_JAX_CACHE/augreg or "
                       "~/.cache/vit_jax/augreg)")
-  p = argparse.ArgumentParser(prog="python -m vit_jax.zoo", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = cli.parser("vit-zoo", __doc__)
   sub = p.add_subparsers(dest="command", required=True)
 
   ls = sub.add_parser("list", parents=[common], help="filter, sort and print the index")
@@ -128,17 +128,14 @@ def parser() -> argparse.ArgumentParser:
   return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+@cli.command
+def main(argv: list[str]) -> int:
   args = parser().parse_args(argv)
-  try:
-    return args.func(args)
-  except augreg.ZooError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
+  return args.func(args)
 
 
 def run() -> None:
-  sys.exit(main())
+  cli.run(main)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,13 @@
 """What a checkpoint holds: its model, resolution, head and size, and the fine-tuning
 command that fits it; with --figures, the paper's analyses of it as PNG.
 
-  python -m vit_jax.inspect gs://vit_models/imagenet21k/ViT-B_16.npz
-  python -m vit_jax.inspect augreg:S_16 --json
-  python -m vit_jax.inspect /tmp/vit_quickstart --figures /tmp/figures --images mnist
+  vit-inspect gs://vit_models/imagenet21k/ViT-B_16.npz
+  vit-inspect augreg:S_16 --json
+  vit-inspect /tmp/vit_quickstart --figures /tmp/figures --images mnist
 
 CKPT: a released .npz (any layout: original, newer Flax names, big_vision), an AugReg
 name (`augreg:S_16`), a training run's workdir (its latest step) or one of its step
-directories; or a model `vit_jax.export` wrote (SavedModel, .tflite, .onnx), of which only
+directories; or a model `vit-export` wrote (SavedModel, .tflite, .onnx), of which only
 the description is shown. The report includes the checkpoint's description: input
 resolution, crop and value range, class names, origin. The figures: principal components of the patch-embedding filters, position-
 embedding similarity, and, over the images of --images (a TFDS dataset or an image
@@ -18,14 +18,8 @@ import argparse
 import json
 import os
 import shlex
-import sys
 import textwrap
-from typing import Any, Sequence
-
-if __name__ == "inspect":  # Shadowing the standard library's module: say so, not fail later.
-  raise ImportError("vit_jax/inspect.py was imported as Python's `inspect`: a file of vit_jax/ "
-                    "was run as a script, which puts vit_jax/ first on sys.path. Run it as a "
-                    "module instead: python -m vit_jax.NAME.")
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up lines hide the report.
 
@@ -33,27 +27,27 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from vit_jax import checkpoint, explore, figures, models  # noqa: E402
+from vit_jax.configs import finetune  # noqa: E402
 from vit_jax.models import registry  # noqa: E402
 from vit_jax.checkpoint import exported  # noqa: E402
+from vit_jax.tools import cli  # noqa: E402
 
-FIELDS = registry.ARCHITECTURE + ("classifier", "representation_size", "posemb")
 # What the fine-tuning model must share with the file for its arrays to load; the
 # fine-tuning config's model starts from a registry name and overrides the rest.
 FINETUNE_FIELDS = registry.ARCHITECTURE + ("classifier", "posemb")
-FINETUNE_IMAGE_SIZE = 384  # vit_jax/configs/finetune.py's.
 POOLING = {"token": "the class token", "gap": "mean of the patch tokens",
            "map": "attention pooling (MAP head)"}
 ZERO_HEAD = (
     "The ImageNet-21k releases ship their head zeroed like this: every image gets the same "
     "logits, so the file predicts nothing as it is. Use its representation (pre-logits: "
-    "checkpoint.load(..., head=False), python -m vit_jax.fewshot), or fine-tune it: "
+    "checkpoint.load(..., head=False), vit-fewshot), or fine-tune it: "
     "fine-tuning starts a new zero-initialised head anyway. For ImageNet labels, take a "
     "fine-tuned file (imagenet21k+imagenet2012_*.npz, an AugReg ...--imagenet2012-... one).")
 
 
 def _registry_name(model: models.VisionTransformer) -> str | None:
   """The registry name of the model's architecture, preferring one with its pooling."""
-  fields = {f: getattr(model, f) for f in FIELDS}
+  fields = registry.described_fields(model)
   names = [n for n, c in registry.MODEL_CONFIGS.items()
            if registry.architecture(c) == registry.architecture(fields)]
   same_pooling = [n for n in names
@@ -72,7 +66,7 @@ def _flag_value(value: Any) -> str:
 
 
 def finetune_command(ckpt: checkpoint.Loaded, path: str, dataset: str = "cifar10") -> str:
-  """`python -m vit_jax.main` with the finetune config on `dataset`, starting from `path`:
+  """`vit-train` with the finetune config on `dataset`, starting from `path`:
   the registry model nearest the file, and overrides for every field that differs."""
   model = ckpt.model
   base = (_registry_name(model) or model.name_in_registry or
@@ -80,14 +74,14 @@ def finetune_command(ckpt: checkpoint.Loaded, path: str, dataset: str = "cifar10
   base_fields = models.model_config(base)
   overrides = {f: getattr(model, f) for f in FINETUNE_FIELDS
                if getattr(model, f) != base_fields.get(f, _default(f))}
-  size = FINETUNE_IMAGE_SIZE
+  size = finetune.IMAGE_SIZE
   if size % model.stride:  # Images must split into whole tokens.
     size = max(1, round(size / model.stride)) * model.stride
-  args = ["python", "-m", "vit_jax.main", "--config",
+  args = ["vit-train", "--config",
           f"finetune:{registry.short_name(base)},{dataset}",
           "--workdir", "WORKDIR", f"--config.pretrained={path}"]
   args += [f"--config.model.{k}={_flag_value(v)}" for k, v in overrides.items()]
-  if size != FINETUNE_IMAGE_SIZE:
+  if size != finetune.IMAGE_SIZE:
     args.append(f"--config.data.image_size={size}")
   return shlex.join(args)
 
@@ -113,7 +107,7 @@ def describe(path: str, model_name: str | None = None,
       "checkpoint": path, "source": source, "description": described.to_dict(),
       "model": _registry_name(m),
       "run_model_name": None if "model" in described.assumed else described.model_name,
-      "fields": {f: getattr(m, f) for f in FIELDS},
+      "fields": registry.described_fields(m),
       "patch_size": m.patch_size, "token_px": m.stride, "width": m.hidden_size,
       "depth": m.num_layers, "heads": m.num_heads, "mlp_dim": m.mlp_dim,
       "resnet_layers": m.resnet_layers, "pooling": m.classifier, "posemb": m.posemb,
@@ -238,8 +232,7 @@ def _figures(ckpt: checkpoint.Loaded, args: argparse.Namespace) -> dict[str, Any
 
 
 def parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="python -m vit_jax.inspect", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = cli.parser("vit-inspect", __doc__)
   p.add_argument("checkpoint", metavar="CKPT", help=".npz, augreg:NAME, workdir or step dir")
   p.add_argument("--model", help="registry name to check the file against (default: read "
                  "off the file)")
@@ -259,24 +252,17 @@ def parser() -> argparse.ArgumentParser:
   return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+@cli.command
+def main(argv: list[str]) -> int:
   args = parser().parse_args(argv)
   if exported.is_exported(args.checkpoint):
-    try:
-      described = checkpoint.describe(args.checkpoint).to_dict()
-    except (OSError, ValueError) as e:
-      print(f"error: {e}", file=sys.stderr)
-      return 2
+    described = checkpoint.describe(args.checkpoint).to_dict()
     print(json.dumps({"checkpoint": args.checkpoint, "description": described}, indent=1)
           if args.json else format_description(args.checkpoint, described))
     return 0
-  try:
-    report, ckpt = describe(args.checkpoint, args.model, args.dataset)
-    if args.figures:
-      report.update(_figures(ckpt, args))
-  except (OSError, ValueError) as e:  # CheckpointError, ZooError, ConfigError: ValueErrors.
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+  report, ckpt = describe(args.checkpoint, args.model, args.dataset)
+  if args.figures:
+    report.update(_figures(ckpt, args))
   if args.json:
     print(json.dumps(report, indent=1))
   else:
@@ -287,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run() -> None:
-  sys.exit(main())
+  cli.run(main)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Trains and evaluates a ViT: `python -m vit_jax.main --config finetune:b16,cifar10 --workdir DIR`.
+"""Trains and evaluates a ViT: `vit-train --config finetune:b16,cifar10 --workdir DIR`.
 
 --config names a config shipped in vit_jax/configs/ (`quickstart`, `finetune:ARG`) or a config
 file of your own (`path.py:ARG`).
@@ -18,6 +18,7 @@ from ml_collections import config_flags
 
 from vit_jax import configs, cpu_backend
 from vit_jax.config_errors import ConfigError, check_known
+from vit_jax.tools import cli
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
@@ -43,11 +44,6 @@ class _QuietLibraries(logging.Filter):
 _UNIT_PAIRS = (("total_steps", "total_epochs"), ("warmup_steps", "warmup_epochs"))
 
 
-def _fail(message: str) -> None:
-  print(f"error: {message}", file=sys.stderr, flush=True)
-  sys.exit(2)
-
-
 def _config_flag(argv: list[str]) -> tuple[int, str, str] | None:
   """(index, flag prefix, spec) of the argument that holds `--config SPEC` / `--config=SPEC`."""
   for i, a in enumerate(argv):
@@ -69,7 +65,7 @@ def resolve_config_flag(argv: list[str]) -> list[str]:
   try:
     path, arg = configs.resolve(spec)
   except ValueError as e:
-    _fail(f"--config {spec}: {e}")
+    cli.fail(f"--config {spec}: {e}")
   return [*argv[:i], f"{prefix}{path}{'' if arg is None else ':' + arg}", *argv[i + 1:]]
 
 
@@ -107,7 +103,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   except SystemExit:  # Only --help and its kin exit here: absl prints the usage, exits 1.
     sys.exit(0)
   except Exception as e:  # absl and ml_collections raise several types for a bad override.
-    _fail(_bad_override(argv) or str(e))
+    cli.fail(_bad_override(argv) or str(e))
   given = config_flags.get_override_values(FLAGS["config"])
   for unit, other in _UNIT_PAIRS:
     for a, b in ((unit, other), (other, unit)):
@@ -135,7 +131,7 @@ def main(argv) -> None:
   try:
     metrics = loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except (ConfigError, checkpoint.CheckpointError, checkpoint.DescriptionMismatch) as e:
-    _fail(str(e))
+    cli.fail(str(e))
   if metrics and jax.process_index() == 0:
     print("Final evaluation: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())),
           flush=True)

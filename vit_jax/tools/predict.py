@@ -1,10 +1,10 @@
 """Classifies image files with a checkpoint or an exported model; writes a CSV.
 
-python -m vit_jax.predict CKPT IMAGES... [--labels FILE] [--top_k 5] [--out preds.csv]
+vit-predict CKPT IMAGES... [--labels FILE] [--top_k 5] [--out preds.csv]
     [--batch_size 64] [--sigmoid] [--model NAME] [--image_size N]
 
 CKPT: any checkpoint the project reads (a run's workdir or step dir, an .npz, augreg:NAME;
-run with JAX on whatever device is present), or a model written by `vit_jax.export`: a
+run with JAX on whatever device is present), or a model written by `vit-export`: a
 SavedModel folder, a .tflite or an .onnx file. IMAGES: files, globs ('photos/**/*.jpg') or
 folders (searched recursively for .jpg .jpeg .png .gif .bmp .webp). Images are decoded as
 the input pipeline decodes them (grayscale to RGB), resized (and cropped) to the model's
@@ -31,12 +31,11 @@ from vit_jax import checkpoint  # noqa: E402
 from vit_jax.serving import images as image_files  # noqa: E402
 from vit_jax.serving import labels as label_lib  # noqa: E402
 from vit_jax.serving import runners  # noqa: E402
+from vit_jax.tools import cli  # noqa: E402
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(
-      prog="python -m vit_jax.predict", description=__doc__.split("\n\n")[0],
-      epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = cli.parser("vit-predict", __doc__)
   parser.add_argument("checkpoint", metavar="CKPT", help="checkpoint or exported model")
   parser.add_argument("images", nargs="+", help="image files, globs or folders")
   parser.add_argument("--labels", default=None, help="class names, one per line")
@@ -110,22 +109,18 @@ def _names_and_output(runner: runners.Runner, args: argparse.Namespace) -> tuple
   return names, args.sigmoid or output == "sigmoid"
 
 
+@cli.command
 def main(argv: list[str]) -> int:
-  args = parse_args(argv[1:])
+  args = parse_args(argv)
   paths, unmatched = image_files.find_images(args.images)
   for spec in unmatched:
     print(f"No images at {spec}", file=sys.stderr)
   if not paths:
-    print("No image files to classify.", file=sys.stderr)
-    return 2
+    return cli.input_error("No image files to classify.")
   load_kwargs = {k: v for k, v in (("model_name", args.model_name),
                                    ("image_size", args.image_size)) if v}
-  try:
-    runner = runners.open_model(args.checkpoint, **load_kwargs)
-    names, sigmoid = _names_and_output(runner, args)
-  except (OSError, ValueError) as e:  # CheckpointError and DescriptionMismatch among them.
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+  runner = runners.open_model(args.checkpoint, **load_kwargs)
+  names, sigmoid = _names_and_output(runner, args)
   k = min(args.top_k, runner.num_classes)
   out = open(args.out, "w", newline="") if args.out else sys.stdout
   try:
@@ -138,11 +133,11 @@ def main(argv: list[str]) -> int:
   print(f"Classified {len(paths) - len(unreadable)} of {len(paths)} images"
         + (f" into {args.out}" if args.out else "") + f"; {len(unreadable)} unreadable"
         + "".join(f"\n  {p}" for p in unreadable), file=sys.stderr)
-  return 0 if len(unreadable) < len(paths) else 1
+  return 0 if len(unreadable) < len(paths) else cli.FAILED
 
 
 def run() -> None:
-  sys.exit(main(sys.argv))
+  cli.run(main)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,12 @@
 """Exports a checkpoint: as a released-layout .npz, or for serving outside JAX.
 
-python -m vit_jax.export CHECKPOINT OUT [--format npz|savedmodel|tflite|onnx]
+vit-export CHECKPOINT OUT [--format npz|savedmodel|tflite|onnx]
     [--model NAME] [--image_size N]
 
 CHECKPOINT: a training run's workdir (its latest step), one of its step directories, an
 .npz in any layout the project reads, or `augreg:NAME`. Every format carries the
 checkpoint's description (model, resolution, input value range and crop, classes, origin),
-which `python -m vit_jax.inspect` prints and predict, few-shot and fine-tuning read.
+which `vit-inspect` prints and predict, few-shot and fine-tuning read.
   npz (default): the params in the original layout, which `checkpoint.load_npz`, timm's
     `_load_weights` and the official code read; its model is printed, for `--model`.
   savedmodel: a folder; signature `serving_default`: uint8 images (batch, N, N, 3) ->
@@ -18,35 +18,16 @@ N is the checkpoint's resolution unless --image_size resizes the position embedd
 The serving formats need the export extra: pip install 'vit_jax[export]'.
 """
 import argparse
-import sys
 
 from vit_jax import checkpoint
 from vit_jax.serving import convert
+from vit_jax.tools import cli
 
 FORMATS = ("npz", *convert.FORMATS)
 
 
-def export(path: str, out: str) -> checkpoint.Description:
-  """Writes `path`'s params and description to `out`; returns the description."""
-  flat, described, source = checkpoint.read(path)
-  described = described.replace(exported_from=source)
-  checkpoint.save_npz(out, checkpoint.unflatten(flat), described)
-  return described
-
-
-def export_serving(path: str, out: str, fmt: str, model_name: str | None = None,
-                   image_size: int | None = None) -> checkpoint.Loaded:
-  """Writes `path` as a SavedModel, TFLite or ONNX model; returns the model it loaded."""
-  loaded = checkpoint.load(path, model_name, image_size=image_size)
-  loaded.description = loaded.description.replace(exported_from=loaded.source)
-  convert.write(loaded, out, fmt)
-  return loaded
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(
-      prog="python -m vit_jax.export", description=__doc__.split("\n\n")[0],
-      epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = cli.parser("vit-export", __doc__)
   parser.add_argument("checkpoint")
   parser.add_argument("out")
   parser.add_argument("--format", choices=FORMATS, default="npz")
@@ -59,23 +40,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   return args
 
 
+@cli.command
 def main(argv: list[str]) -> int:
-  args = parse_args(argv[1:])
-  try:
-    if args.format == "npz":
-      described = export(args.checkpoint, args.out)
-    else:
-      described = export_serving(args.checkpoint, args.out, args.format, args.model,
-                                 args.image_size).description
-  except (OSError, ValueError) as e:  # CheckpointError and DescriptionMismatch among them.
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+  args = parse_args(argv)
+  if args.format == "npz":
+    described = checkpoint.export_npz(args.checkpoint, args.out)
+  else:
+    described = convert.export(args.checkpoint, args.out, args.format, args.model,
+                               args.image_size).description
   print(f"Wrote {args.out} ({args.format}): {described.summary()}")
   return 0
 
 
 def run() -> None:
-  sys.exit(main(sys.argv))
+  cli.run(main)
 
 
 if __name__ == "__main__":
