@@ -18,7 +18,7 @@ def reproduce(devices: int, *flags: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("devices", [2, 8])
+@pytest.mark.parametrize("devices", [2])  # The README's machine; 8 deadlock alike.
 def test_xla_still_deadlocks_with_its_own_pool(devices):
   """Why cpu_backend raises NPROC. Once this fails, XLA no longer hangs: drop the workaround."""
   run = reproduce(devices)

@@ -2,6 +2,7 @@
 run goes on from the newest step that verifies; changed configs are refused field by field;
 a finished run reports its result; kill -9 and damage at random moments lose nothing."""
 import random
+import shutil
 import signal
 import subprocess
 import time
@@ -94,30 +95,32 @@ def test_a_changed_optimizer_or_batch_is_refused_naming_each_field(tmp_path, dat
   assert metrics["num_examples"] == 256 and steps_in(tmp_path)[-1] == 8
 
 
-def test_rerunning_a_finished_run_reports_its_result(tmp_path, dataset):
-  args = cli(tmp_path, dataset, "--config.total_steps=4")
-  first = run_cli(args)
-  assert first.returncode == 0, first.stderr[-3000:]
-  again = run_cli(args)
+def test_rerunning_a_finished_run_reports_its_result(tmp_path, dataset, reference):
+  shutil.copytree(reference[0], tmp_path / "run")
+  again = run_cli(cli(tmp_path / "run", dataset, "--config.total_steps=24"))
   assert again.returncode == 0, again.stderr[-3000:]
-  assert "already complete at step 4" in again.stdout
-  final = lambda out: out.split("Final evaluation: ")[1].splitlines()[0]  # noqa: E731
-  assert final(again.stdout) == final(first.stdout)
+  assert "already complete at step 24" in again.stdout
+  final = again.stdout.split("Final evaluation: ")[1].splitlines()[0]
+  accuracy = read_scalars(reference[0], "eval_accuracy")[24]
+  assert f"accuracy={accuracy:.4f}" in final, (final, accuracy)
 
 
 def test_the_command_line_unit_replaces_the_config_files_other_unit(tmp_path, dataset):
   """The quickstart config sets total_epochs; --config.total_steps replaces it. Run from
-  outside the clone: a shipped config is found by name from any working directory."""
+  outside the clone: a shipped config is found by name from any working directory. Its
+  config.cpu_devices outranks the 4 devices of XLA_FLAGS."""
   result = run_cli(cli(tmp_path, dataset, "--config.total_steps=3", "--config.warmup_steps=1",
-                       "--config.data.eval_split=test[:64]", config="quickstart"), cwd=tmp_path)
+                       "--config.data.eval_split=test[:64]", config="quickstart"), cwd=tmp_path,
+                   devices=4)
   assert result.returncode == 0, result.stderr[-3000:]
   assert steps_in(tmp_path) == [3]
+  assert "1 devices (cpu)" in result.stderr
 
 
 @pytest.mark.slow
 def test_random_kills_and_damage_lose_nothing(tmp_path, dataset):
-  """kill -9 at seeded random moments (mid-save included) and three kinds of damage to the
-  newest step: every rerun resumes from the newest step that verifies, and the per-step
+  """kill -9 at five seeded random moments (mid-save included) and three kinds of damage to
+  the newest step: every rerun resumes from the newest step that verifies, and the per-step
   losses end equal to an uninterrupted run's."""
   flags = ("--config.total_steps=200", "--config.checkpoint_every_steps=5",
            "--config.log_every_steps=1")
@@ -133,7 +136,7 @@ def test_random_kills_and_damage_lose_nothing(tmp_path, dataset):
     before = (saved() or [0])[-1]
     proc = subprocess.Popen(cli(workdir, dataset, *flags), env=cpu_env(), cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if kills < 10:
+    if kills < 5:
       # Once this run has saved a step (start-up speed varies), a random moment in the
       # steps and saves that follow.
       t0 = time.time()
@@ -149,11 +152,11 @@ def test_random_kills_and_damage_lose_nothing(tmp_path, dataset):
     assert runs < 40, err[-3000:]
     steps = saved()
     lost.append(max(0, before - (steps or [0])[-1]))
-    if steps and len(damaged) < min(kills // 3, 3):
+    if steps and len(damaged) < min(kills, 3):
       how = ("bitflip", "truncate", "delete")[len(damaged)]
       damage(workdir / "checkpoints" / str(steps[-1]), how, rng)
       damaged.append((steps[-1], how))
-  assert kills >= 10 and len(damaged) == 3, (kills, damaged)
+  assert kills >= 5 and len(damaged) == 3, (kills, damaged)
   corrupt = sorted(p.name for p in (workdir / "checkpoints").iterdir() if ".corrupt" in p.name)
   assert len(corrupt) == 3, corrupt
   after = losses_by_step(workdir)

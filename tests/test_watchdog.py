@@ -61,7 +61,8 @@ def test_a_signal_during_a_stall_ends_the_run_within_30s(tmp_path, dataset, sig)
   assert time.time() - t0 < 30
   assert proc.returncode == 1, stderr[-3000:]
   assert f"{sig.name} received" in stderr and "last saved checkpoint is step 4" in stderr
-  assert_resumes(tmp_path, dataset)
+  if sig == signal.SIGTERM:  # The same resume for both: checked once.
+    assert_resumes(tmp_path, dataset)
 
 
 def test_the_automatic_bound_follows_the_step_time():
