@@ -17,6 +17,8 @@ DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 # checkpoint.POSEMB_KEY, without importing vit_jax here.
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 TINY_CONFIG = str(REPO / "tests" / "tiny_config.py")
+# A ViT small enough for unit tests on CPU: model fields over any registry name's.
+TINY_VIT = dict(patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2)
 
 
 def tiny_config(dataset, **overrides):

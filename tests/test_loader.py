@@ -66,7 +66,8 @@ def test_a_training_run_loads_from_its_workdir_and_step_dir(tmp_path, dataset):
     assert ckpt.source == str(tmp_path / "checkpoints" / "2")
     for key, value in checkpoint.flatten(ckpt.params).items():
       np.testing.assert_array_equal(value, flat[key])
-  with pytest.raises(ValueError, match="disagrees with .* records the model 'ViT-Ti_16'"):
+  with pytest.raises(ValueError, match=r"^model_name \(--model\) 'ViT-B_16' disagrees with "
+                     ".* records the model 'ViT-Ti_16'"):
     checkpoint.load(str(tmp_path), "ViT-B_16")
   with pytest.raises(FileNotFoundError, match="No checkpoint at"):
     checkpoint.load(str(tmp_path / "missing"))

@@ -3,7 +3,8 @@ params.
 
 A path is a released-layout .npz (any of the layouts `npz` reads, local or gs://), an
 AugReg name (`augreg:S_16`, `augreg:FILENAME`, fetched into the cache), a training run's
-workdir (its latest step) or one of its step directories. The model, resolution, input
+workdir (its latest step) or one of its step directories, or `ema:` and either of the two
+for the moving average of the run's parameters (config.ema_decay). The model, resolution, input
 preprocessing and classes come from the checkpoint's description (`description`); a file
 released without one has its architecture read off the arrays' shapes (or checked against
 a model name), its resolution off the position embedding or the AugReg index.
@@ -90,8 +91,20 @@ def _released(flat: dict[str, np.ndarray], image_size: int | None = None,
   return desc_lib.released(fields, name, num_classes, image_size)
 
 
+# `ema:RUN`: the moving average of a run's parameters (config.ema_decay), where RUN is its
+# workdir (the latest step) or a step directory.
+EMA_PREFIX = "ema:"
+
+
 def read(path: str) -> tuple[dict[str, np.ndarray], Description, str]:
   """(flat original-layout arrays, the checkpoint's description, the file or step dir read)."""
+  if path.startswith(EMA_PREFIX):
+    run_dir = epath.Path(path.removeprefix(EMA_PREFIX))
+    if not run_dir.is_dir():
+      raise npz.CheckpointError(f"{path}: `ema:` takes a training run's workdir or step directory.")
+    step_dir = run.latest_step_dir(run_dir)
+    flat, described = run.read_step(step_dir, ema=True)
+    return flat, described, f"{EMA_PREFIX}{step_dir}"
   if augreg.is_spec(path):
     resolved = augreg.resolve(path)
     flat = npz.load_npz_flat(resolved.path)
@@ -112,8 +125,9 @@ def describe(path: str) -> Description:
   (a SavedModel folder, a .tflite or an .onnx file)."""
   if exported.is_exported(path):
     return exported.read(path)
-  if not augreg.is_spec(path) and epath.Path(path).is_dir():  # A run: no arrays to read.
-    return run.read_step_description(run.latest_step_dir(path))
+  run_dir = path.removeprefix(EMA_PREFIX)
+  if not augreg.is_spec(path) and epath.Path(run_dir).is_dir():  # A run: no arrays to read.
+    return run.read_step_description(run.latest_step_dir(run_dir))
   return read(path)[1]
 
 
@@ -136,7 +150,9 @@ def load_params(path: str, target: npz.Params) -> dict[str, Any]:
 def _model_fields(flat: dict[str, np.ndarray], described: Description, model_name: str | None,
                   overrides: dict[str, Any], source: str) -> tuple[str | None, dict]:
   if "model" not in described.assumed:  # Written by this project: the description says.
-    desc_lib.check_option("the model", "model_name", model_name, described.model_name, source)
+    # Named as this function's argument and as the flag every command passes it by.
+    desc_lib.check_option("the model", "model_name (--model)", model_name,
+                          described.model_name, source)
     return described.model_name, dict(described.model)
   if model_name:
     return model_name, _checked_name(flat, model_name, overrides)
@@ -175,6 +191,7 @@ def from_arrays(flat: dict[str, np.ndarray], described: Description, source: str
   image_size = image_size or described.image_size
   abstract = jax.eval_shape(model.init, jax.random.key(0),
                             jnp.zeros((1, image_size, image_size, 3)))["params"]
-  loaded = described.replace(image_size=image_size, num_classes=model.num_classes,
-                             class_names=described.class_names if head else ())
+  built = dict(described.model) | models.registry.described_fields(model)  # Overrides too.
+  loaded = described.replace(image_size=image_size, num_classes=model.num_classes, model=built,
+                             model_name=name, class_names=described.class_names if head else ())
   return Loaded(model, npz.fit_to_target(flat, abstract), loaded, source)

@@ -24,6 +24,7 @@ from etils import epath
 from flax import traverse_util
 
 from vit_jax.checkpoint import description as description_lib
+from vit_jax.checkpoint import patch_resize
 
 Params = Mapping[str, Any]
 
@@ -172,10 +173,29 @@ def resize_posemb(posemb: np.ndarray, num_tokens: int, *, has_class_token: bool,
   return np.concatenate([tok, grid], axis=1).astype(posemb.dtype)
 
 
+def _reshaped(key: str, value: np.ndarray, want: Any, has_class_token: bool,
+              target_has_class_token: bool) -> np.ndarray | None:
+  """`value` made to `want`'s shape where that has a meaning (position embedding, patch
+  embedding, head); None where it has none."""
+  want_shape = tuple(want.shape)
+  if key == POSEMB_KEY and value.shape[-1] == want_shape[-1]:
+    return resize_posemb(value, want_shape[1], has_class_token=has_class_token,
+                         target_has_class_token=target_has_class_token)
+  if key == "embedding/kernel" and value.shape[2:] == want_shape[2:]:
+    logging.info("Resampling the patch embedding %s -> %s (FlexiViT's PI-resize).",
+                 value.shape[:2], want_shape[:2])
+    return patch_resize.pi_resize(value, want_shape[:2])
+  if key.startswith("head/"):
+    logging.info("Resetting %s: checkpoint %s, model %s.", key, value.shape, want_shape)
+    return _reset(want)
+  return None
+
+
 def fit_to_target(flat: Mapping[str, np.ndarray], target: Params) -> dict[str, Any]:
   """Fits original-layout flat arrays to the structure and shapes of `target`.
 
-  Resizes the position embedding, resets the head (to the target's own init,
+  Resizes the position embedding, resamples the patch embedding to the target's patch size
+  (patch_resize), resets the head (to the target's own init,
   i.e. zeros) when the class count differs, drops pre-logits the target lacks.
   Any other missing, unexpected or mis-shaped array is reported, all in one error.
   """
@@ -202,16 +222,12 @@ def fit_to_target(flat: Mapping[str, np.ndarray], target: Params) -> dict[str, A
       continue
     value = np.asarray(flat.pop(key))
     if value.shape != want_shape:
-      if key == POSEMB_KEY and value.shape[-1] == want_shape[-1]:
-        value = resize_posemb(value, want_shape[1], has_class_token=has_class_token,
-                              target_has_class_token="cls" in target_flat)
-      elif key.startswith("head/"):
-        logging.info("Resetting %s: checkpoint %s, model %s.", key, value.shape, want_shape)
-        value = _reset(want)
-      else:
+      fitted = _reshaped(key, value, want, has_class_token, "cls" in target_flat)
+      if fitted is None:
         problems.append(f"  {key}: checkpoint has {value.shape}, model wants {want_shape}; "
                         "check the model name and options (hidden_size, patch_size, ...).")
         continue
+      value = fitted
     out[key] = value.astype(getattr(want, "dtype", value.dtype))
 
   for key in sorted(flat):

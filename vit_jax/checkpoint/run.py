@@ -187,8 +187,10 @@ def check_resumable(found: dict[str, Any] | None, wanted: dict[str, Any], workdi
   if found is None:
     return
   found, wanted = _leaves({k: v for k, v in found.items() if k not in _RECORDS}), _leaves(wanted)
+  # A field added to the config since the checkpoint was written, left off, changes nothing.
+  added_off = {k for k in set(wanted) - set(found) if wanted[k] in (None, [], ())}
   diffs = [(k, found.get(k), wanted.get(k)) for k in sorted(set(found) | set(wanted))
-           if found.get(k) != wanted.get(k)]
+           if found.get(k) != wanted.get(k) and k not in added_off]
   if not diffs:
     return
   lines = "\n".join(f"  {k}: checkpoint {a!r}, config {b!r}" for k, a, b in diffs)
@@ -230,15 +232,21 @@ def _checked_step_dir(step_dir: str | epath.Path) -> epath.Path:
   return step_dir
 
 
-def read_params(step_dir: str | epath.Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-  """Params (flat, original layout) and metadata of one step, as host numpy arrays."""
+def read_params(step_dir: str | epath.Path, ema: bool = False
+                ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+  """Params (flat, original layout; with `ema` their moving average) and metadata of one step,
+  as host numpy arrays."""
   step_dir = _checked_step_dir(step_dir)
   checkpointer = ocp.PyTreeCheckpointer()
   tree = checkpointer.metadata(step_dir / "state").item_metadata.tree
   restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
   state = checkpointer.restore(step_dir / "state",
                                args=ocp.args.PyTreeRestore(restore_args=restore_args))
-  return flatten(state["params"]), _read_meta(step_dir)
+  key = "ema_params" if ema else "params"
+  if not state.get(key):
+    raise CheckpointError(f"{step_dir} holds no moving average of the parameters: its run "
+                          "had no config.ema_decay.")
+  return flatten(state[key]), _read_meta(step_dir)
 
 
 def step_description(meta: dict[str, Any], step: int) -> Description:
@@ -253,9 +261,11 @@ def step_description(meta: dict[str, Any], step: int) -> Description:
       output=output_of_loss(meta["trajectory"]["loss"]), dataset=data["name"], step=step)
 
 
-def read_step(step_dir: str | epath.Path) -> tuple[dict[str, np.ndarray], Description]:
-  """Params (flat, original layout) and description of one step, as host numpy arrays."""
-  flat, meta = read_params(step_dir)
+def read_step(step_dir: str | epath.Path, ema: bool = False
+              ) -> tuple[dict[str, np.ndarray], Description]:
+  """Params (flat, original layout; with `ema` their moving average) and description of one
+  step, as host numpy arrays."""
+  flat, meta = read_params(step_dir, ema)
   return flat, step_description(meta, int(epath.Path(step_dir).name))
 
 

@@ -53,7 +53,9 @@ DESCRIBED = ARCHITECTURE + ("classifier", "representation_size", "posemb")
 
 
 def described_fields(model: VisionTransformer) -> dict[str, Any]:
-  return {f: getattr(model, f) for f in DESCRIBED}
+  """The DESCRIBED fields of `model`, as JSON gives them back (tuples as lists)."""
+  return {f: list(v) if isinstance(v, tuple) else v
+          for f, v in ((f, getattr(model, f)) for f in DESCRIBED)}
 
 
 def model_config(name: str, **overrides: Any) -> dict[str, Any]:

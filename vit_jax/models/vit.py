@@ -207,6 +207,8 @@ class Encoder(nn.Module):
           drop_path=self.stochastic_depth * (i + 1) / self.num_layers,
           name=f"encoderblock_{i}")(
               x, deterministic, return_weights)
+      # Kept only where the caller asks (mutable=["intermediates"]): models.features.
+      self.sow("intermediates", f"block_{i}_out", x)
       all_weights.append(weights)
     x = nn.LayerNorm(dtype=self.dtype, name="encoder_norm")(x)
     return x, (tuple(all_weights) if return_weights else None)

@@ -39,6 +39,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.optimizer = optimizers.default_config()
   c.loss = "softmax_xent"
   c.label_smoothing = 0.0  # Targets become (1 - a) * targets + a / num_classes.
+  # A moving average of the parameters, after every optimizer update: ema = d * ema +
+  # (1 - d) * params, starting from the initial ones. Checkpointed and resumed with the run,
+  # evaluated beside the parameters (metrics `ema_*`); `ema:WORKDIR` reads it as a checkpoint.
+  c.ema_decay = ml_collections.FieldReference(None, field_type=float)
 
   # Few-shot linear probes run with the evaluation (off while `datasets` is empty).
   c.fewshot = ml_collections.ConfigDict(dict(
@@ -49,7 +53,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
   # How many XLA devices to split a CPU host into (None: JAX's default, one, or the count in
   # XLA_FLAGS), for data parallelism across processes' devices as on an accelerator pod.
-  # Applied by main.py before JAX starts (vit_jax/cpu_backend.py).
+  # Applied by vit-train before JAX starts (vit_jax/cpu_backend.py).
   c.cpu_devices = ml_collections.FieldReference(None, field_type=int)
   # Seconds without a step ending after which the run stops (exit status 1) instead of
   # hanging; None: 50 median step times, at least 300 s (vit_jax/train/watchdog.py).
@@ -80,6 +84,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
         "must be in [0, 1) (0: off)")
   check(c.model.stochastic_depth is None or 0 <= c.model.stochastic_depth < 1,
         "model.stochastic_depth", c.model.stochastic_depth, "must be in [0, 1) (0: off)")
+  check(c.ema_decay is None or 0 < c.ema_decay < 1, "ema_decay", c.ema_decay, "must be in (0, 1)")
   o = c.optimizer
   check(o.name in optimizers.OPTIMIZERS, "optimizer.name", o.name,
         f"expected one of {optimizers.OPTIMIZERS}")
@@ -90,6 +95,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   check(o.weight_decay >= 0, "optimizer.weight_decay", o.weight_decay, "must be >= 0")
   check(o.mu_dtype in (None, *DTYPES), "optimizer.mu_dtype", o.mu_dtype,
         f"expected None or one of {DTYPES}")
+  optimizers.validate(o)
   check(c.batch_size > 0, "batch_size", c.batch_size, "must be > 0")
   check(c.accum_steps >= 1 and c.batch_size % c.accum_steps == 0, "accum_steps", c.accum_steps,
         f"must be >= 1 and divide batch_size={c.batch_size}")

@@ -92,6 +92,7 @@ def run_meta(c: ml_collections.ConfigDict, num_classes: int, total_steps: int,
       seed=c.seed, dtype=c.dtype, loss=c.loss, label_smoothing=c.label_smoothing,
       batch_size=c.batch_size, accum_steps=c.accum_steps, total_steps=total_steps,
       warmup_steps=warmup_steps, optimizer=c.optimizer.to_dict(), data=data_fields,
+      ema_decay=c.ema_decay,
       **{k: _model_fields(c).get(k, 0.0) for k in _REGULARISATION})
   return run.make_meta(c.model_name, num_classes, _architecture(c), _jsonable(trajectory))
 
@@ -175,7 +176,8 @@ def _restore_or_init(job: _Job, rng: jax.Array
     abstract = jax.eval_shape(job.model.init, rng, jnp.zeros((1,) + image_shape))["params"]
     params = checkpoint.load_params(c.pretrained, abstract)
     logging.info("Initialised from %s.", c.pretrained)
-  state, shardings = trainer.init_state(job.model, job.tx, job.mesh, image_shape, rng, params)
+  state, shardings = trainer.init_state(job.model, job.tx, job.mesh, image_shape, rng, params,
+                                        ema=c.ema_decay is not None)
   if not has_steps:
     return run.make_manager(job.workdir, c.keep_checkpoints), state, shardings, 0
   run.check_resumable(run.newest_meta(job.workdir), job.meta, job.workdir, c.allow_resume_changes)
@@ -247,15 +249,26 @@ class _TrainMetrics:
     self.pending, self.t0 = [], time.time()
 
 
-def _evaluate(evaluators: dict[str, Any], params: Any, step: int,
-              writer: metric_writers.MetricWriter, progress: Any) -> dict[str, float]:
-  """Runs every evaluator; `eval` metrics keep their names, the others get their prefix."""
+def _evaluate_params(evaluators: dict[str, Any], params: Any, step: int,
+                     writer: metric_writers.MetricWriter, progress: Any,
+                     tag: str = "") -> dict[str, float]:
+  """Runs every evaluator; `eval` metrics keep their names, the others get their prefix;
+  `tag` goes before every name."""
   out = {}
   for prefix, evaluator in evaluators.items():
-    with progress.timed(prefix):
+    with progress.timed(tag + prefix):
       metrics = evaluator.run(params)
-    writer.write_scalars(step, {f"{prefix}_{k}": v for k, v in metrics.items()})
-    out |= {k if prefix == "eval" else f"{prefix}_{k}": v for k, v in metrics.items()}
+    writer.write_scalars(step, {f"{tag}{prefix}_{k}": v for k, v in metrics.items()})
+    out |= {tag + (k if prefix == "eval" else f"{prefix}_{k}"): v for k, v in metrics.items()}
+  return out
+
+
+def _evaluate(evaluators: dict[str, Any], state: trainer.TrainState, step: int,
+              writer: metric_writers.MetricWriter, progress: Any) -> dict[str, float]:
+  """The parameters' metrics, and their moving average's beside them (`ema_` names)."""
+  out = _evaluate_params(evaluators, state.params, step, writer, progress)
+  if state.ema_params is not None:
+    out |= _evaluate_params(evaluators, state.ema_params, step, writer, progress, tag="ema_")
   return out
 
 
@@ -277,7 +290,7 @@ def _run_steps(job: _Job, state: trainer.TrainState, start: int, train_step: Cal
     if step % c.log_every_steps == 0 or step == job.loop_steps:
       log.write(step)
     if step == job.loop_steps or (c.eval_every_steps and step % c.eval_every_steps == 0):
-      eval_metrics = _evaluate(evaluators, state.params, step, writer, progress)
+      eval_metrics = _evaluate(evaluators, state, step, writer, progress)
       log.restart_clock()
     preempted = preemption.reached(step)
     if step % c.checkpoint_every_steps == 0 or step == job.loop_steps or preempted:
@@ -297,7 +310,7 @@ def _compiled_step(job: _Job, state: trainer.TrainState, shardings: trainer.Trai
   counted as a stalled step), and the batches from step `start` on."""
   c = job.config
   train_step = trainer.make_train_step(job.model, job.tx, c.loss, shardings, job.mesh, rng,
-                                       c.label_smoothing)
+                                       c.label_smoothing, c.ema_decay, c.accum_steps)
   batches = data.train_iterator(c.data, global_batch_size=job.micro_batch,
                                 sharding=job.batch_sharding, seed=c.seed, start_step=start)
   first = next(batches)
@@ -342,7 +355,7 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir: str) -> dict[str, 
                    workdir, start, job.loop_steps)
       print(f"The run in {workdir} is already complete at step {start}.", flush=True)
       with dog:
-        return _evaluate(evaluators, state.params, start, writer,
+        return _evaluate(evaluators, state, start, writer,
                          periodic_actions.ReportProgress(writer=writer))
     train_step, batches = _compiled_step(job, state, shardings, dropout_rng, start)
     with dog:

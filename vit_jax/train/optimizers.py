@@ -1,8 +1,20 @@
-"""Optimizers and learning-rate schedules of the paper's recipes, built from optax."""
+"""Optimizers and learning-rate schedules of the paper's recipes, built from optax; per-parameter
+learning-rate scales (layer-wise decay, multipliers by name) and frozen parameters.
+
+A parameter's name is its path in the params tree joined by "/", as the released .npz files
+spell it: `Transformer/encoderblock_3/MlpBlock_3/Dense_0/kernel`. Patterns are regular
+expressions matched against the whole name; the first pattern that matches decides.
+"""
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
+
+from vit_jax.config_errors import ConfigError, check
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 DECAYS = ("linear", "cosine", "constant")
@@ -13,7 +25,16 @@ def default_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       name="adamw", lr=1e-3, end_lr=0.0, decay="linear", b1=0.9, b2=0.999, momentum=0.9,
       weight_decay=0.1, grad_clip_norm=1.0,
-      mu_dtype=ml_collections.FieldReference(None, field_type=str)))
+      mu_dtype=ml_collections.FieldReference(None, field_type=str),
+      # Layer-wise learning-rate decay (BEiT; timm's `layer_decay`): block i's updates (and
+      # the final norm's, with the last block) are scaled by layer_decay ** (L - i), the
+      # embeddings' by layer_decay ** (L + 1), the head's by 1. None: off.
+      layer_decay=ml_collections.FieldReference(None, field_type=float),
+      # ((pattern, multiplier), ...): the parameter's whole update (gradient step and
+      # decoupled weight decay) scaled, as timm's per-group `lr_scale` scales its group's lr.
+      lr_mults=(),
+      # (pattern, ...): parameters kept as they are; the optimizer holds no state for them.
+      frozen=()))
 
 
 def make_schedule(cfg: ml_collections.ConfigDict, total_steps: int, warmup_steps: int) -> optax.Schedule:
@@ -36,10 +57,100 @@ def decay_mask(params):
           getattr(k, "key", None) in ("pos_embedding", "cls", "probe") for k in path), params)
 
 
-def make_optimizer(cfg: ml_collections.ConfigDict, total_steps: int, warmup_steps: int,
-                   accum_steps: int = 1) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """The optimizer of `config.optimizer`; steps count optimizer updates."""
-  schedule = make_schedule(cfg, total_steps, warmup_steps)
+def param_names(tree: Any) -> Any:
+  """The tree with each leaf replaced by its name ("/"-joined path)."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path),
+      tree)
+
+
+def first_match(patterns: Sequence[str], name: str) -> int | None:
+  """The index of the first pattern that matches all of `name`, if any."""
+  return next((i for i, p in enumerate(patterns) if re.fullmatch(p, name)), None)
+
+
+def _is_pattern(p: Any) -> bool:
+  try:
+    re.compile(p)
+  except (re.error, TypeError):
+    return False
+  return isinstance(p, str)
+
+
+def validate(cfg: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError for a wrong layer_decay, lr_mults or frozen, before any tracing."""
+  check(cfg.layer_decay is None or 0 < cfg.layer_decay <= 1, "optimizer.layer_decay",
+        cfg.layer_decay, "must be in (0, 1] (None: off)")
+  check(all(isinstance(m, (list, tuple)) and len(m) == 2 and _is_pattern(m[0])
+            and isinstance(m[1], (int, float)) and m[1] > 0 for m in cfg.lr_mults),
+        "optimizer.lr_mults", cfg.lr_mults, "expected ((regex, multiplier > 0), ...), e.g. "
+        "(('head/.*', 10.0),); freeze parameters with optimizer.frozen")
+  check(all(_is_pattern(p) for p in cfg.frozen), "optimizer.frozen", cfg.frozen,
+        "expected (regex, ...), e.g. ('embedding/.*', 'Transformer/encoderblock_[0-5]/.*')")
+
+
+def _check_patterns(field: str, patterns: Sequence[str], names: list[str]) -> None:
+  for pattern in patterns:
+    if not any(re.fullmatch(pattern, n) for n in names):
+      raise ConfigError(f"config.optimizer.{field}: {pattern!r} matches no parameter; names "
+                        f"look like {names[0]!r}, {names[-1]!r}.")
+
+
+_BLOCK = re.compile(r"Transformer/encoderblock_(\d+)/")
+# Before the blocks: patch embedding, ResNet stem (hybrids), class token, position embedding.
+_EMBEDDING = re.compile(r"embedding/|conv_root/|gn_root/|block\d+/unit\d+/|cls$|"
+                        r"Transformer/posembed_input/")
+
+
+def layer_id(name: str, num_layers: int) -> int:
+  """A parameter's depth for layer-wise decay, as timm's `param_groups_layer_decay` assigns it
+  with ViT's `group_matcher`: the embeddings 0, block i i + 1, the final norm num_layers (the
+  last block's), the rest (pre-logits, head) num_layers + 1."""
+  if m := _BLOCK.match(name):
+    return int(m.group(1)) + 1
+  if name.startswith("Transformer/encoder_norm/"):
+    return num_layers
+  return 0 if _EMBEDDING.match(name) else num_layers + 1
+
+
+def update_scales(cfg: ml_collections.ConfigDict, names: list[str]) -> dict[str, float]:
+  """Each parameter's update scale: its layer-decay factor times its lr multiplier."""
+  _check_patterns("lr_mults", [p for p, _ in cfg.lr_mults], names)
+  num_layers = len({m.group(1) for n in names if (m := _BLOCK.match(n))})
+  scales = {}
+  for name in names:
+    scale = 1.0
+    if cfg.layer_decay is not None:
+      scale = cfg.layer_decay ** (num_layers + 1 - layer_id(name, num_layers))
+    if (i := first_match([p for p, _ in cfg.lr_mults], name)) is not None:
+      scale *= cfg.lr_mults[i][1]
+    scales[name] = scale
+  return scales
+
+
+def _scale_by_name(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  def update(updates, state, params=None):
+    del params
+    names = param_names(updates)
+    scales = update_scales(cfg, jax.tree.leaves(names))
+    return jax.tree.map(lambda u, n: u if scales[n] == 1.0 else u * scales[n], updates,
+                        names), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def _labels(frozen: Sequence[str]) -> Callable[[Any], Any]:
+  def labels(params):
+    names = param_names(params)
+    _check_patterns("frozen", frozen, jax.tree.leaves(names))
+    return jax.tree.map(lambda n: "frozen" if first_match(frozen, n) is not None
+                        else "trained", names)
+
+  return labels
+
+
+def _base_optimizer(cfg: ml_collections.ConfigDict, schedule: optax.Schedule
+                    ) -> optax.GradientTransformation:
   if cfg.name == "sgd":
     opt = optax.sgd(schedule, momentum=cfg.momentum,
                     accumulator_dtype=jnp.dtype(cfg.mu_dtype) if cfg.mu_dtype else None)
@@ -51,7 +162,20 @@ def make_optimizer(cfg: ml_collections.ConfigDict, total_steps: int, warmup_step
   chain = [optax.clip_by_global_norm(cfg.grad_clip_norm)] if cfg.grad_clip_norm else []
   if cfg.name == "sgd" and cfg.weight_decay:
     chain.append(optax.add_decayed_weights(cfg.weight_decay, mask=decay_mask))
-  tx = optax.chain(*chain, opt)
+  return optax.chain(*chain, opt)
+
+
+def make_optimizer(cfg: ml_collections.ConfigDict, total_steps: int, warmup_steps: int,
+                   accum_steps: int = 1) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """The optimizer of `config.optimizer`; steps count optimizer updates. Frozen parameters
+  are left out of clipping's global norm and of the optimizer's state."""
+  schedule = make_schedule(cfg, total_steps, warmup_steps)
+  tx = _base_optimizer(cfg, schedule)
   if accum_steps > 1:
     tx = optax.MultiSteps(tx, every_k_schedule=accum_steps)
+  if cfg.frozen:
+    tx = optax.multi_transform({"trained": tx, "frozen": optax.set_to_zero()},
+                               _labels(tuple(cfg.frozen)))
+  if cfg.layer_decay is not None or cfg.lr_mults:
+    tx = optax.chain(tx, _scale_by_name(cfg))
   return tx, schedule

@@ -17,12 +17,14 @@ class TrainState:
   step: jax.Array  # Train-step calls so far (micro-batches with gradient accumulation).
   params: Any
   opt_state: optax.OptState
+  ema_params: Any = None  # The parameters' moving average, with config.ema_decay.
 
 
 def init_state(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh,
                image_shape: tuple[int, ...], rng: jax.Array,
-               params: Any = None) -> tuple[TrainState, TrainState]:
-  """Initialises (or takes `params` for) the state directly in its sharded layout.
+               params: Any = None, ema: bool = False) -> tuple[TrainState, TrainState]:
+  """Initialises (or takes `params` for) the state directly in its sharded layout; with
+  `ema`, the moving average starts as a copy of the parameters.
 
   Returns the state and its shardings (a TrainState of NamedShardings).
   """
@@ -30,7 +32,8 @@ def init_state(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh,
   def init(rng, params):
     if params is None:
       params = model.init(rng, jnp.zeros((1,) + tuple(image_shape), jnp.float32))["params"]
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                      ema_params=jax.tree.map(jnp.copy, params) if ema else None)
 
   abstract = jax.eval_shape(init, rng, params)
   shardings = sharding.state_shardings(mesh, abstract)
@@ -38,9 +41,17 @@ def init_state(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh,
   return state, shardings
 
 
+def update_ema(ema: Any, params: Any, decay: float, updated: jax.Array) -> Any:
+  """`decay * ema + (1 - decay) * params` where the optimizer `updated` the parameters (every
+  accum_steps-th micro-batch), else `ema` as it was."""
+  return jax.tree.map(lambda e, p: jnp.where(updated, decay * e + (1 - decay) * p, e), ema,
+                      params)
+
+
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation, loss_name: str,
                     state_shardings: TrainState, mesh: Mesh, rng: jax.Array,
-                    label_smoothing: float = 0.0) -> Callable:
+                    label_smoothing: float = 0.0, ema_decay: float | None = None,
+                    accum_steps: int = 1) -> Callable:
   """`(state, batch) -> (state, metrics)`, jit-compiled, the state donated.
 
   metrics: the batch's `loss` and the gradients' global norm, `grad_norm`.
@@ -57,7 +68,11 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, loss_nam
     loss, grads = jax.value_and_grad(compute_loss)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
+    ema = state.ema_params
+    if ema_decay is not None:
+      ema = update_ema(ema, params, ema_decay, (state.step + 1) % accum_steps == 0)
+    new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
+                           ema_params=ema)
     return new_state, {"loss": loss, "grad_norm": optax.global_norm(grads)}
 
   replicated = NamedSharding(mesh, P())

@@ -1,0 +1,156 @@
+"""config.optimizer: layer-wise learning-rate decay against timm's parameter groups,
+multipliers and freezing by name against hand computation, and a frozen run resumed exactly."""
+import copy
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import TINY_VIT, tiny_config
+from vit_jax import checkpoint, models
+from vit_jax.config_errors import ConfigError
+from vit_jax.models import timm_models
+from vit_jax.train import optimizers
+
+TINY = dict(TINY_VIT, num_layers=3)
+
+
+def abstract_params(name: str, size: int = 32, **fields) -> dict:
+  model = models.create_model(name, num_classes=10, **fields)
+  return jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, size, size, 3)))["params"]
+
+
+def random_tree(tree, seed: int):
+  leaves, treedef = jax.tree.flatten(tree)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  return treedef.unflatten([jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)])
+
+
+def flat(tree) -> dict[str, np.ndarray]:
+  return dict(zip(jax.tree.leaves(optimizers.param_names(tree)), jax.tree.leaves(tree)))
+
+
+def opt_config(**fields):
+  cfg = optimizers.default_config()
+  cfg.update(grad_clip_norm=1.0, weight_decay=0.1, **fields)
+  optimizers.validate(cfg)
+  return cfg
+
+
+def one_update(cfg, params, grads):
+  tx, _ = optimizers.make_optimizer(cfg, total_steps=10, warmup_steps=0)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  return flat(updates)
+
+
+def timm_prefix(name: str) -> str:
+  """Where a parameter of ours lives in timm's ViT."""
+  rules = [(r"cls", "cls_token"), (r"Transformer/posembed_input/.*", "pos_embed"),
+           (r"embedding/.*", "patch_embed.proj."),
+           (r"(conv_root|gn_root|block\d+/unit\d+)/.*", "patch_embed.backbone."),
+           (r"Transformer/encoderblock_(\d+)/.*", "blocks.{}."),
+           (r"Transformer/encoder_norm/.*", "norm."), (r"head/.*", "head.")]
+  for pattern, prefix in rules:
+    if m := re.fullmatch(pattern, name):
+      return prefix.format(*m.groups())
+  raise AssertionError(f"no timm counterpart for {name}")
+
+
+@pytest.mark.parametrize("name", ["ViT-B_16", "R26+ViT-S_32"])
+def test_layer_decay_scales_are_timms(name):
+  from timm.optim._param_groups import param_groups_layer_decay
+  torch, _ = timm_models.import_torch()
+  with torch.device("meta"):
+    reference = timm_models.create(name, num_classes=10)
+  names = {id(p): n for n, p in reference.named_parameters()}
+  timm_scale = {names[id(p)]: g["lr_scale"] for g in param_groups_layer_decay(
+      reference, weight_decay=0.1, layer_decay=0.75) for p in g["params"]}
+
+  ours = optimizers.update_scales(opt_config(layer_decay=0.75),
+                                  list(flat(abstract_params(name, 224))))
+  for our_name, scale in ours.items():
+    matching = {s for n, s in timm_scale.items() if n.startswith(timm_prefix(our_name))}
+    assert matching and all(s == pytest.approx(scale, rel=1e-12) for s in matching), (
+        our_name, scale, matching)
+  assert len(set(timm_scale.values())) == models.model_config(name)["num_layers"] + 2
+  assert timm_scale["head.weight"] == 1.0
+
+
+def test_layer_decay_and_multipliers_scale_the_whole_update():
+  params = random_tree(abstract_params("ViT-Ti_16", **TINY), 0)
+  grads = random_tree(params, 1)
+  plain = one_update(opt_config(), params, grads)
+  scaled = one_update(opt_config(layer_decay=0.5, lr_mults=(("head/.*", 10.0),
+                                                             (r".*/bias", 3.0))), params, grads)
+  depth = 3  # L: the blocks sit at 1..3, the final norm at 3, the embeddings at 0, the head 4.
+  for name, update in plain.items():
+    m = re.match(r"Transformer/encoderblock_(\d)/", name)
+    layer = (int(m.group(1)) + 1 if m else depth if "encoder_norm" in name else
+             0 if re.match(r"embedding/|cls$|Transformer/posembed_input/", name) else depth + 1)
+    mult = 10.0 if name.startswith("head/") else 3.0 if name.endswith("/bias") else 1.0
+    np.testing.assert_allclose(scaled[name], update * 0.5 ** (depth + 1 - layer) * mult,
+                               rtol=1e-6, err_msg=name)
+
+
+def test_frozen_parameters_stay_and_hold_no_optimizer_state():
+  params = random_tree(abstract_params("ViT-Ti_16", **TINY), 0)
+  grads = random_tree(params, 1)
+  frozen = ("embedding/.*", "cls", "Transformer/posembed_input/.*",
+            "Transformer/encoderblock_0/.*")
+  cfg = opt_config(frozen=frozen)
+  tx, _ = optimizers.make_optimizer(cfg, total_steps=10, warmup_steps=0)
+  updates = flat(tx.update(grads, tx.init(params), params)[0])
+  is_frozen = {n: any(re.fullmatch(p, n) for p in frozen) for n in updates}
+  assert 0 < sum(is_frozen.values()) < len(is_frozen)
+  for name, update in updates.items():
+    if is_frozen[name]:
+      assert not np.any(update), name
+
+  # The trained ones move as if the frozen ones were not there (clipping's norm included).
+  def trained(tree):
+    return {k: v for k, v in tree.items() if not is_frozen[k]}
+  expected = one_update(opt_config(), trained(flat(params)), trained(flat(grads)))
+  for name, update in trained(updates).items():
+    np.testing.assert_allclose(update, expected[name], rtol=1e-6, err_msg=name)
+
+  # AdamW's two moments exist for the trained parameters only.
+  state_size = sum(x.size for x in jax.tree.leaves(tx.init(params)) if x.ndim)
+  trained_size = sum(v.size for v in trained(flat(params)).values())
+  assert state_size == 2 * trained_size
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"layer_decay": 1.5}, "optimizer.layer_decay=1.5: must be in (0, 1]"),
+    ({"lr_mults": (("head/.*", 0.0),)}, "freeze parameters with optimizer.frozen"),
+    ({"lr_mults": ("head/.*",)}, "expected ((regex, multiplier > 0), ...)"),
+    ({"frozen": ("embedding/[",)}, "optimizer.frozen"),
+])
+def test_bad_fields_are_named(fields, message):
+  cfg = optimizers.default_config()
+  cfg.update(**fields)
+  with pytest.raises(ConfigError, match=re.escape(message)):
+    optimizers.validate(cfg)
+
+
+def test_a_pattern_that_matches_nothing_is_named():
+  params = abstract_params("ViT-Ti_16", **TINY)
+  tx, _ = optimizers.make_optimizer(opt_config(frozen=("Transformer/block_0/.*",)), 10, 0)
+  with pytest.raises(ConfigError, match=r"optimizer.frozen: 'Transformer/block_0/\.\*' matches "
+                     r"no parameter; names look like 'Transformer/"):
+    jax.eval_shape(tx.init, params)
+
+
+def test_a_checkpoint_from_before_these_fields_still_resumes(tmp_path, dataset):
+  """Its metadata lacks optimizer.layer_decay, lr_mults and frozen: off, they change nothing."""
+  from vit_jax.train import loop
+  c = tiny_config(dataset, total_steps=4)
+  wanted = loop.run_meta(c, 10, 4, 2)
+  found = copy.deepcopy(wanted)
+  for field in ("layer_decay", "lr_mults", "frozen"):
+    del found["trajectory"]["optimizer"][field]
+  checkpoint.run.check_resumable(found, wanted, str(tmp_path))
+  c.optimizer.layer_decay = 0.75
+  with pytest.raises(checkpoint.CheckpointError, match="optimizer.layer_decay: checkpoint None"):
+    checkpoint.run.check_resumable(found, loop.run_meta(c, 10, 4, 2), str(tmp_path))
