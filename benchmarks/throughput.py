@@ -148,6 +148,21 @@ def bench_vit_jax(args: argparse.Namespace, model: vit.VisionTransformer) -> dic
                                 xla_estimate_bytes=_xla_estimate_bytes(infer))
   del infer
 
+  # Handed over in a list that the callee empties: no reference to the initial params stays
+  # alive here while training is measured.
+  handed, params = [params], None
+  train = _bench_vit_jax_train(args, model, mesh, batch, handed)
+  out["phases"]["train"] = train.pop("phase")
+  return out | train
+
+
+def _bench_vit_jax_train(args: argparse.Namespace, model: vit.VisionTransformer,
+                         mesh: jax.sharding.Mesh, batch: dict[str, jax.Array],
+                         handed: list[Any]) -> dict[str, Any]:
+  """The project's train step, from the params in `handed` (taken out of it): the phase's
+  compile time, step time and memory, the final loss, whether cuDNN attention is used."""
+  shape = (args.image_size, args.image_size, 3)
+  params, out = handed.pop(), {}
   opt_cfg = optimizers.default_config()
   opt_cfg.mu_dtype = args.mu_dtype
   tx, _ = optimizers.make_optimizer(opt_cfg, total_steps=10_000, warmup_steps=100)
@@ -177,8 +192,8 @@ def bench_vit_jax(args: argparse.Namespace, model: vit.VisionTransformer) -> dic
   if not np.isfinite(loss):
     raise FloatingPointError(f"vit_jax training loss is {loss}")
   out["final_loss"] = loss
-  out["phases"]["train"] = dict(step_s=step_s, compile_s=compile_s, peak_bytes=_jax_peak_bytes(),
-                                xla_estimate_bytes=_xla_estimate_bytes(step))
+  out["phase"] = dict(step_s=step_s, compile_s=compile_s, peak_bytes=_jax_peak_bytes(),
+                      xla_estimate_bytes=_xla_estimate_bytes(step))
   return out
 
 
@@ -190,62 +205,64 @@ def _has_timm() -> bool:
   return True
 
 
-def bench_timm(args: argparse.Namespace, name: str, modes: Sequence[str]) -> dict[str, Any]:
-  """timm eager and/or torch.compile, inference then training (fresh model per mode)."""
+def _bench_timm_mode(args: argparse.Namespace, name: str, mode: str) -> dict[str, Any]:
+  """One mode's inference then training phases, on a fresh model."""
   torch, _ = timm_models.import_torch()
   dev = "cuda" if torch.cuda.is_available() else "cpu"
   sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-  bf16 = args.dtype == "bfloat16"
+  torch.manual_seed(0)
+  depth = {} if args.num_layers is None else {"depth": args.num_layers}
+  model = timm_models.create(name, img_size=args.image_size, num_classes=args.num_classes,
+                             **depth).to(dev)
+  fwd = torch.compile(model) if mode == "compile" else model
+  x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=dev)
+  y = torch.randint(0, args.num_classes, (args.batch_size,), device=dev)
+  autocast = lambda: torch.autocast(dev, dtype=torch.bfloat16,  # noqa: E731
+                                    enabled=args.dtype == "bfloat16")
+
+  def run_infer(n):
+    with torch.inference_mode(), autocast():
+      for _ in range(n):
+        fwd(x)
+    sync()
+
+  def measure(run):
+    if dev == "cuda":
+      torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    run(1)
+    phase = dict(compile_s=time.perf_counter() - start)
+    phase["step_s"] = _median_step_s(run, args.warmup, args.steps, args.repeats)
+    phase["peak_bytes"] = torch.cuda.max_memory_allocated() if dev == "cuda" else None
+    return phase
+
+  model.eval()
+  phases = {"infer": measure(run_infer)}
+  model.train()
+  opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, fused=dev == "cuda")
+
+  def run_train(n):
+    for _ in range(n):
+      with autocast():
+        loss = torch.nn.functional.cross_entropy(fwd(x).float(), y)
+      loss.backward()
+      torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+      opt.step()
+      opt.zero_grad(set_to_none=True)
+    sync()
+
+  phases["train"] = measure(run_train)
+  return phases
+
+
+def bench_timm(args: argparse.Namespace, name: str, modes: Sequence[str]) -> dict[str, Any]:
+  """timm eager and/or torch.compile, inference then training (fresh model per mode)."""
+  torch, _ = timm_models.import_torch()
   out = {}
   for mode in modes:
     _log(f"timm {mode}")
-    torch.manual_seed(0)
-    depth = {} if args.num_layers is None else {"depth": args.num_layers}
-    model = timm_models.create(name, img_size=args.image_size, num_classes=args.num_classes,
-                                  **depth).to(dev)
-    fwd = torch.compile(model) if mode == "compile" else model
-    x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=dev)
-    y = torch.randint(0, args.num_classes, (args.batch_size,), device=dev)
-    autocast = lambda: torch.autocast(dev, dtype=torch.bfloat16, enabled=bf16)  # noqa: E731
-    phases = {}
-
-    def run_infer(n):
-      with torch.inference_mode(), autocast():
-        for _ in range(n):
-          fwd(x)
-      sync()
-
-    def measure(run):
-      if dev == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-      start = time.perf_counter()
-      run(1)
-      phase = dict(compile_s=time.perf_counter() - start)
-      phase["step_s"] = _median_step_s(run, args.warmup, args.steps, args.repeats)
-      phase["peak_bytes"] = torch.cuda.max_memory_allocated() if dev == "cuda" else None
-      return phase
-
-    model.eval()
-    phases["infer"] = measure(run_infer)
-
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1,
-                            fused=dev == "cuda")
-
-    def run_train(n):
-      for _ in range(n):
-        with autocast():
-          loss = torch.nn.functional.cross_entropy(fwd(x).float(), y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-      sync()
-
-    phases["train"] = measure(run_train)
-    out[mode] = phases
-    del model, fwd, opt, x, y
-    if dev == "cuda":
+    out[mode] = _bench_timm_mode(args, name, mode)
+    if torch.cuda.is_available():
       torch.cuda.empty_cache()
   return out
 
@@ -324,6 +341,37 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   return p.parse_args(argv)
 
 
+def _timm_report(args: argparse.Namespace, name: str) -> dict[str, Any]:
+  """{"timm": figures} or {"timm_skipped": why}; {} with --timm off."""
+  modes = {"both": ("eager", "compile"), "off": ()}.get(args.timm, (args.timm,))
+  if not modes:
+    return {}
+  if not _has_timm():
+    return {"timm_skipped": "torch/timm not installed"}
+  if name not in timm_models.TIMM_NAMES:
+    return {"timm_skipped": f"no timm mapping for {name}"}
+  try:
+    return {"timm": bench_timm(args, name, modes)}
+  except Exception as e:  # pylint: disable=broad-except
+    return {"timm_skipped": f"{type(e).__name__}: {e}"[:2000]}
+
+
+def _print_report(report: dict[str, Any], args: argparse.Namespace) -> None:
+  flops = report["forward_flops_per_image"]
+  print(f"{report['model']} {args.image_size}px batch {args.batch_size} {args.dtype}, "
+        f"remat={args.remat}, attention {args.attention_impl} -> "
+        f"{report['attention_impl_resolved']} (cuDNN fMHA in train HLO: "
+        f"{report['vit_jax'].get('cudnn_attention_in_hlo')}), on {report['device']}")
+  gflops = f"{flops / 1e9:.2f}" if flops else "n/a"
+  print(f"forward {gflops} GFLOP/img ({report['flops_source']}), "
+        f"peak {report['peak_tflops'] or 'n/a'} TFLOP/s; {report['versions']}")
+  print(_table(report["results"]))
+  if "error" in report["vit_jax"]:
+    print("vit_jax failed:", report["vit_jax"]["error"])
+  if "timm_skipped" in report:
+    print("timm skipped:", report["timm_skipped"])
+
+
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   args = parse_args(argv)
   if args.devices > jax.device_count() or args.devices % args.fsdp:
@@ -344,16 +392,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
       attention_impl=args.attention_impl, versions=_versions(),
       command=" ".join(["python", "benchmarks/throughput.py", *(argv or sys.argv[1:])]))
 
-  modes = {"both": ("eager", "compile"), "off": ()}.get(args.timm, (args.timm,))
-  if modes and not _has_timm():
-    report["timm_skipped"] = "torch/timm not installed"
-  elif modes and name not in timm_models.TIMM_NAMES:
-    report["timm_skipped"] = f"no timm mapping for {name}"
-  elif modes:  # Before JAX touches the GPU.
-    try:
-      report["timm"] = bench_timm(args, name, modes)
-    except Exception as e:  # pylint: disable=broad-except
-      report["timm_skipped"] = f"{type(e).__name__}: {e}"[:2000]
+  report |= _timm_report(args, name)  # Before JAX touches the GPU.
 
   device = jax.devices()[0]
   report["device"] = f"{device.platform}: {device.device_kind} (x{args.devices})"
@@ -374,18 +413,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   report["peak_tflops"] = peak and peak * args.devices
   report["results"] = _rows(report)
 
-  print(f"{name} {args.image_size}px batch {args.batch_size} {args.dtype}, remat={args.remat}, "
-        f"attention {args.attention_impl} -> {report['attention_impl_resolved']} "
-        f"(cuDNN fMHA in train HLO: {report['vit_jax'].get('cudnn_attention_in_hlo')}), "
-        f"on {report['device']}")
-  gflops = f"{flops / 1e9:.2f}" if flops else "n/a"
-  print(f"forward {gflops} GFLOP/img ({report['flops_source']}), "
-        f"peak {report['peak_tflops'] or 'n/a'} TFLOP/s; {report['versions']}")
-  print(_table(report["results"]))
-  if "error" in report["vit_jax"]:
-    print("vit_jax failed:", report["vit_jax"]["error"])
-  if "timm_skipped" in report:
-    print("timm skipped:", report["timm_skipped"])
+  _print_report(report, args)
   if args.json_out:
     pathlib.Path(args.json_out).write_text(json.dumps(report, indent=1, default=str))
   return report
