@@ -28,10 +28,6 @@ def random_tree(tree, seed: int):
   return treedef.unflatten([jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)])
 
 
-def flat(tree) -> dict[str, np.ndarray]:
-  return dict(zip(jax.tree.leaves(optimizers.param_names(tree)), jax.tree.leaves(tree)))
-
-
 def opt_config(**fields):
   cfg = optimizers.default_config()
   cfg.update(grad_clip_norm=1.0, weight_decay=0.1, **fields)
@@ -42,7 +38,7 @@ def opt_config(**fields):
 def one_update(cfg, params, grads):
   tx, _ = optimizers.make_optimizer(cfg, total_steps=10, warmup_steps=0)
   updates, _ = tx.update(grads, tx.init(params), params)
-  return flat(updates)
+  return checkpoint.flatten(updates)
 
 
 def timm_prefix(name: str) -> str:
@@ -69,7 +65,7 @@ def test_layer_decay_scales_are_timms(name):
       reference, weight_decay=0.1, layer_decay=0.75) for p in g["params"]}
 
   ours = optimizers.update_scales(opt_config(layer_decay=0.75),
-                                  list(flat(abstract_params(name, 224))))
+                                  list(checkpoint.flatten(abstract_params(name, 224))))
   for our_name, scale in ours.items():
     matching = {s for n, s in timm_scale.items() if n.startswith(timm_prefix(our_name))}
     assert matching and all(s == pytest.approx(scale, rel=1e-12) for s in matching), (
@@ -101,7 +97,7 @@ def test_frozen_parameters_stay_and_hold_no_optimizer_state():
             "Transformer/encoderblock_0/.*")
   cfg = opt_config(frozen=frozen)
   tx, _ = optimizers.make_optimizer(cfg, total_steps=10, warmup_steps=0)
-  updates = flat(tx.update(grads, tx.init(params), params)[0])
+  updates = checkpoint.flatten(tx.update(grads, tx.init(params), params)[0])
   is_frozen = {n: any(re.fullmatch(p, n) for p in frozen) for n in updates}
   assert 0 < sum(is_frozen.values()) < len(is_frozen)
   for name, update in updates.items():
@@ -111,13 +107,14 @@ def test_frozen_parameters_stay_and_hold_no_optimizer_state():
   # The trained ones move as if the frozen ones were not there (clipping's norm included).
   def trained(tree):
     return {k: v for k, v in tree.items() if not is_frozen[k]}
-  expected = one_update(opt_config(), trained(flat(params)), trained(flat(grads)))
+  expected = one_update(opt_config(), trained(checkpoint.flatten(params)),
+                        trained(checkpoint.flatten(grads)))
   for name, update in trained(updates).items():
     np.testing.assert_allclose(update, expected[name], rtol=1e-6, err_msg=name)
 
   # AdamW's two moments exist for the trained parameters only.
   state_size = sum(x.size for x in jax.tree.leaves(tx.init(params)) if x.ndim)
-  trained_size = sum(v.size for v in trained(flat(params)).values())
+  trained_size = sum(v.size for v in trained(checkpoint.flatten(params)).values())
   assert state_size == 2 * trained_size
 
 
