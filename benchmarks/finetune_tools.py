@@ -23,6 +23,7 @@ VARIANTS = {
     "frozen: all but the last block and head": [
         "--config.optimizer.frozen=('embedding/.*', 'Transformer/posembed_input/.*', "
         "'Transformer/encoderblock_[0-2]/.*')"],
+    "lora: rank 8 on query, value": ["--config.lora.rank=8", "--config.optimizer.lr=0.05"],
 }
 
 
@@ -48,15 +49,17 @@ def model_flags(pretrained: str) -> list[str]:
           + [f"--config.data.image_size={described.image_size}"])
 
 
-def trainable(pretrained: str, flags: list[str]) -> int:
+def trainable(workdir: pathlib.Path, flags: list[str]) -> int:
+  """The run's parameters that its optimizer updates (the unmerged ones, adapters included)."""
   from vit_jax import checkpoint
+  from vit_jax.models import lora
   from vit_jax.train import optimizers
   frozen = next((ast.literal_eval(f.split("=", 1)[1]) for f in flags
                  if "optimizer.frozen" in f), ())
-  flat = checkpoint.read(pretrained)[0]
-  return sum(v.size for k, v in flat.items()
-             if not k.startswith("head/") and optimizers.first_match(frozen, k) is None) + (
-                 10 * flat["head/kernel"].shape[0] + 10)  # The new head: 10 classes.
+  trained_only = lora.TRAINED if any("lora.rank" in f for f in flags) else (".*",)
+  flat = checkpoint.read_params(checkpoint.latest_step_dir(workdir))[0]
+  return sum(v.size for k, v in flat.items() if optimizers.first_match(frozen, k) is None
+             and optimizers.first_match(trained_only, k) is not None)
 
 
 def run(variant: str, flags: list[str], args, data: str) -> dict:
@@ -77,7 +80,7 @@ def run(variant: str, flags: list[str], args, data: str) -> dict:
   final = dict(kv.split("=") for kv in line.split(", "))
   return {"variant": variant, "accuracy": float(final["accuracy"]),
           "ema_accuracy": float(final["ema_accuracy"]) if "ema_accuracy" in final else None,
-          "trainable_params": trainable(args.pretrained, flags),
+          "trainable_params": trainable(workdir, flags),
           "peak_rss_mib": usage.ru_maxrss / 1024, "wall_s": time.time() - t0}
 
 

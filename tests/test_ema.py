@@ -1,6 +1,6 @@
 """config.ema_decay: the parameters' moving average against hand computation (gradient
-accumulation included), resumed exactly (with frozen and scaled parameters, config.optimizer),
-evaluated beside the parameters, read as `ema:RUN`."""
+accumulation included), resumed exactly (with frozen and scaled parameters, config.optimizer,
+and LoRA adapters, config.lora), evaluated beside the parameters, read as `ema:RUN`."""
 import shutil
 
 import jax
@@ -9,6 +9,7 @@ import pytest
 
 from helpers import TINY_VIT, tiny_config
 from vit_jax import checkpoint, models
+from vit_jax.models import lora
 from vit_jax.train import optimizers, sharding, trainer
 
 
@@ -43,12 +44,13 @@ def test_the_average_moves_on_optimizer_updates_only():
 
 @pytest.mark.slow
 def test_a_run_with_an_average_resumes_exactly_and_reads_as_a_checkpoint(tmp_path, dataset):
-  """With frozen and layer-decayed parameters too: every array of the state as an
-  uninterrupted run's."""
+  """With LoRA adapters, frozen and layer-decayed parameters too: every array of the state as
+  an uninterrupted run's; read back, the adapters come merged."""
   from vit_jax.train import loop
   fields = {"total_steps": 6, "checkpoint_every_steps": 2, "ema_decay": 0.8,
             "optimizer.layer_decay": 0.7, "optimizer.lr_mults": (("head/.*", 5.0),),
-            "optimizer.frozen": ("embedding/.*", "Transformer/encoderblock_0/.*")}
+            "optimizer.frozen": ("embedding/.*", "Transformer/encoderblock_0/.*"),
+            "lora.rank": 2, "lora.alpha": 4.0, "lora.targets": ("query", "Dense_0")}
   metrics = loop.train_and_evaluate(tiny_config(dataset, **fields), str(tmp_path / "full"))
   assert {"accuracy", "loss", "ema_accuracy", "ema_loss"} <= set(metrics)
   assert metrics["ema_accuracy"] != metrics["accuracy"] or metrics["ema_loss"] != metrics["loss"]
@@ -65,20 +67,24 @@ def test_a_run_with_an_average_resumes_exactly_and_reads_as_a_checkpoint(tmp_pat
   ema = checkpoint.read_params(tmp_path / "full" / "checkpoints" / "6", ema=True)[0]
   raw = checkpoint.read_params(tmp_path / "full" / "checkpoints" / "6")[0]
   assert not np.array_equal(ema["head/kernel"], raw["head/kernel"])
-  # Frozen parameters did not move between steps 2 and 6; the others did.
+  # Frozen parameters (LoRA's base included) did not move between steps 2 and 6; the others did.
   first = checkpoint.read_params(tmp_path / "full" / "checkpoints" / "2")[0]
-  for name in ("embedding/kernel", "Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel"):
+  block = "Transformer/encoderblock_{}/MlpBlock_3/Dense_0/"
+  for name in ("embedding/kernel", block.format(0) + "lora_b", block.format(1) + "kernel"):
     np.testing.assert_array_equal(first[name], raw[name])
-  for name in ("head/kernel", "Transformer/encoderblock_1/MlpBlock_3/Dense_0/kernel"):
+  for name in ("head/kernel", block.format(1) + "lora_a", block.format(1) + "lora_b"):
     assert not np.array_equal(first[name], raw[name]), name
   loaded = checkpoint.load(f"ema:{tmp_path / 'full'}")
   assert loaded.source == f"ema:{tmp_path / 'full' / 'checkpoints' / '6'}"
+  assert loaded.model.lora_rank == 0 and "lora_rank" not in loaded.description.model
+  merged = lora.merge(ema, 4.0 / 2)
+  assert set(checkpoint.flatten(loaded.params)) == set(merged)
   for name, value in checkpoint.flatten(loaded.params).items():
-    np.testing.assert_array_equal(value, ema[name], err_msg=name)
+    np.testing.assert_array_equal(value, merged[name], err_msg=name)
   described = checkpoint.export_npz(f"ema:{tmp_path / 'full'}", str(tmp_path / "ema.npz"))
   assert described.exported_from == loaded.source
   for name, value in checkpoint.load_npz_flat(str(tmp_path / "ema.npz")).items():
-    np.testing.assert_array_equal(value, ema[name], err_msg=name)
+    np.testing.assert_array_equal(value, merged[name], err_msg=name)
 
 
 @pytest.mark.slow
@@ -90,3 +96,5 @@ def test_a_run_without_an_average_says_so(tmp_path, dataset):
     checkpoint.load(f"ema:{tmp_path}")
   with pytest.raises(checkpoint.CheckpointError, match="`ema:` takes a training run's"):
     checkpoint.load(f"ema:{tmp_path / 'none.npz'}")
+  with pytest.raises(checkpoint.CheckpointError, match="is not a LoRA run"):
+    checkpoint.export_adapters(str(tmp_path), str(tmp_path / "lora.npz"))

@@ -55,16 +55,16 @@ def reference(tmp_path_factory, dataset):
   return workdir, losses_by_step(workdir)
 
 
-@pytest.mark.parametrize("how", ["bitflip", "truncate", "delete"])
-def test_a_damaged_step_is_set_aside_and_the_run_resumes_before_it(tmp_path, dataset, reference,
-                                                                   how):
+def test_a_damaged_step_is_set_aside_and_the_run_resumes_before_it(tmp_path, dataset, reference):
+  """Flipped bits, the damage only checksums see (truncated and deleted data: the random kills
+  below)."""
   ref_dir, expected = reference
   workdir = tmp_path / "run"
   subprocess.run(["cp", "-r", str(ref_dir), str(workdir)], check=True)
   for f in workdir.glob("events.out.tfevents.*"):
     f.unlink()
   assert steps_in(workdir) == [16, 20, 24]
-  damage(workdir / "checkpoints" / "24", how, random.Random(0))
+  damage(workdir / "checkpoints" / "24", "bitflip", random.Random(0))
   # Resumed by the command line, whose log is the user's (8 devices wrote it, 1 reads it).
   result = run_cli(cli(workdir, dataset, "--config.total_steps=24"))
   assert result.returncode == 0, result.stderr[-3000:]

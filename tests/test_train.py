@@ -163,8 +163,11 @@ def test_bad_config_names_the_field(field, value, message):
 
 
 def test_config_covers_every_model_field():
+  """config.model's fields, config.dtype and config.lora's set every field of the model."""
   from vit_jax import models
-  assert set(config_lib.MODEL_FIELDS) == set(models.registry.FIELDS) - {"num_classes", "dtype"}
+  lora_fields = {f"lora_{k}" for k in config_lib.base_config().lora}
+  assert set(config_lib.MODEL_FIELDS) == (
+      set(models.registry.FIELDS) - {"num_classes", "dtype"} - lora_fields)
 
 
 def test_cli_overrides_model_fields(tmp_path, dataset):

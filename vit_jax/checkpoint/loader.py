@@ -21,6 +21,7 @@ from etils import epath
 from vit_jax import models
 from vit_jax.checkpoint import augreg, description as desc_lib, exported, npz, run
 from vit_jax.checkpoint.description import Description
+from vit_jax.models import lora
 
 
 @dataclasses.dataclass
@@ -117,7 +118,39 @@ def read(path: str) -> tuple[dict[str, np.ndarray], Description, str]:
     flat, described = run.read_step(step_dir)
     return flat, described, str(step_dir)
   flat, described = npz.split_description(npz.read_npz(path))
+  if described is not None and described.model.get("lora_rank"):
+    flat, described = _on_base(flat, described, str(path))
   return flat, described or _released(flat), str(path)
+
+
+def _on_base(adapters: dict[str, np.ndarray], described: Description, path: str
+             ) -> tuple[dict[str, np.ndarray], Description]:
+  """A LoRA adapters file (`export_adapters`) on its base checkpoint, the run's
+  config.pretrained, fitted as the run fitted it; merged."""
+  if not described.parent:
+    raise npz.CheckpointError(f"{path} holds LoRA adapters but names no base checkpoint.")
+  base = {k: v for k, v in read(described.parent)[0].items() if not k.startswith("head/")}
+  fields = {k: tuple(v) if isinstance(v, list) else v for k, v in described.model.items()}
+  model = models.VisionTransformer(num_classes=described.num_classes, **fields)
+  size = described.image_size
+  abstract = npz.flatten(jax.eval_shape(model.init, jax.random.key(0),
+                                        jnp.zeros((1, size, size, 3)))["params"])
+  target = npz.unflatten({k: v for k, v in abstract.items() if k not in adapters})
+  fitted = npz.flatten(npz.fit_to_target(base, target, model.posemb_interpolation))
+  return run.merge_lora(fitted | adapters, described)
+
+
+def export_adapters(path: str, out: str) -> Description:
+  """Writes a LoRA run's adapters and head alone (what it trained, a small file) with its
+  description, whose `parent` names the base checkpoint that `read` puts them on."""
+  step_dir = run.latest_step_dir(path.removeprefix(EMA_PREFIX))
+  flat, meta = run.read_params(step_dir, ema=path.startswith(EMA_PREFIX))
+  described = run.step_description(meta, int(step_dir.name))
+  if not described.model.get("lora_rank"):
+    raise npz.CheckpointError(f"{path} is not a LoRA run (config.lora.rank): export it whole.")
+  described = described.replace(exported_from=str(step_dir))
+  npz.save_npz(out, npz.unflatten(lora.adapters(flat)), described)
+  return described
 
 
 def describe(path: str) -> Description:
@@ -194,4 +227,5 @@ def from_arrays(flat: dict[str, np.ndarray], described: Description, source: str
   built = dict(described.model) | models.registry.described_fields(model)  # Overrides too.
   loaded = described.replace(image_size=image_size, num_classes=model.num_classes, model=built,
                              model_name=name, class_names=described.class_names if head else ())
-  return Loaded(model, npz.fit_to_target(flat, abstract), loaded, source)
+  return Loaded(model, npz.fit_to_target(flat, abstract, model.posemb_interpolation), loaded,
+                source)

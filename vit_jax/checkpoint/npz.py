@@ -19,12 +19,12 @@ from typing import Any, Mapping, Optional
 
 import jax
 import numpy as np
-import scipy.ndimage
 from etils import epath
 from flax import traverse_util
 
 from vit_jax.checkpoint import description as description_lib
 from vit_jax.checkpoint import patch_resize
+from vit_jax.models import posemb_resize
 
 Params = Mapping[str, Any]
 
@@ -137,6 +137,8 @@ def infer_model_config(flat: Mapping[str, np.ndarray]) -> dict[str, Any]:
                             else None),
       classifier="token" if "cls" in flat else "map" if "MAPHead_0/probe" in flat else "gap",
       posemb="learn" if POSEMB_KEY in flat else "sincos2d")
+  if "reg" in flat:
+    config["num_registers"] = flat["reg"].shape[1]
   if "conv_root/kernel" in flat:
     stages = sorted({k.split("/")[0] for k in flat if re.match(r"block\d+/", k)})
     config["resnet_layers"] = tuple(
@@ -147,12 +149,13 @@ def infer_model_config(flat: Mapping[str, np.ndarray]) -> dict[str, Any]:
 
 
 def resize_posemb(posemb: np.ndarray, num_tokens: int, *, has_class_token: bool,
-                  target_has_class_token: bool) -> np.ndarray:
+                  target_has_class_token: bool, interpolation: str = "bilinear") -> np.ndarray:
   """Resizes a (1, tokens, D) position embedding to `num_tokens` tokens.
 
-  The patch grid is zoomed bilinearly in 2-D (scipy.ndimage.zoom, order=1, as the
-  official code does); the class entry is kept, dropped or added (as zeros) to
-  match the target. Both grids must be square.
+  The patch grid is resampled in 2-D as a model with dynamic_image_size does
+  (models/posemb_resize.py; "bilinear" is scipy.ndimage.zoom's order 1, as the official
+  code zooms); the class entry is kept, dropped or added (as zeros) to match the target.
+  Both grids must be square.
   """
   tok, grid = (posemb[:, :1], posemb[0, 1:]) if has_class_token else (posemb[:, :0], posemb[0])
   if target_has_class_token and not has_class_token:
@@ -167,20 +170,21 @@ def resize_posemb(posemb: np.ndarray, num_tokens: int, *, has_class_token: bool,
         "only square grids are resized automatically.")
   if gs_old != gs_new:
     logging.info("Resizing position embedding grid %dx%d -> %dx%d.", gs_old, gs_old, gs_new, gs_new)
-    grid = grid.reshape(gs_old, gs_old, -1)
-    grid = scipy.ndimage.zoom(grid, (gs_new / gs_old, gs_new / gs_old, 1), order=1)
+    grid = posemb_resize.resample(grid.reshape(gs_old, gs_old, -1), (gs_new, gs_new),
+                                  interpolation)
   grid = grid.reshape(1, gs_new * gs_new, -1)
   return np.concatenate([tok, grid], axis=1).astype(posemb.dtype)
 
 
 def _reshaped(key: str, value: np.ndarray, want: Any, has_class_token: bool,
-              target_has_class_token: bool) -> np.ndarray | None:
+              target_has_class_token: bool, interpolation: str) -> np.ndarray | None:
   """`value` made to `want`'s shape where that has a meaning (position embedding, patch
   embedding, head); None where it has none."""
   want_shape = tuple(want.shape)
   if key == POSEMB_KEY and value.shape[-1] == want_shape[-1]:
     return resize_posemb(value, want_shape[1], has_class_token=has_class_token,
-                         target_has_class_token=target_has_class_token)
+                         target_has_class_token=target_has_class_token,
+                         interpolation=interpolation)
   if key == "embedding/kernel" and value.shape[2:] == want_shape[2:]:
     logging.info("Resampling the patch embedding %s -> %s (FlexiViT's PI-resize).",
                  value.shape[:2], want_shape[:2])
@@ -191,10 +195,11 @@ def _reshaped(key: str, value: np.ndarray, want: Any, has_class_token: bool,
   return None
 
 
-def fit_to_target(flat: Mapping[str, np.ndarray], target: Params) -> dict[str, Any]:
+def fit_to_target(flat: Mapping[str, np.ndarray], target: Params,
+                  posemb_interpolation: str = "bilinear") -> dict[str, Any]:
   """Fits original-layout flat arrays to the structure and shapes of `target`.
 
-  Resizes the position embedding, resamples the patch embedding to the target's patch size
+  Resizes the position embedding (`posemb_interpolation`), resamples the patch embedding to the target's patch size
   (patch_resize), resets the head (to the target's own init,
   i.e. zeros) when the class count differs, drops pre-logits the target lacks.
   Any other missing, unexpected or mis-shaped array is reported, all in one error.
@@ -222,7 +227,8 @@ def fit_to_target(flat: Mapping[str, np.ndarray], target: Params) -> dict[str, A
       continue
     value = np.asarray(flat.pop(key))
     if value.shape != want_shape:
-      fitted = _reshaped(key, value, want, has_class_token, "cls" in target_flat)
+      fitted = _reshaped(key, value, want, has_class_token, "cls" in target_flat,
+                         posemb_interpolation)
       if fitted is None:
         problems.append(f"  {key}: checkpoint has {value.shape}, model wants {want_shape}; "
                         "check the model name and options (hidden_size, patch_size, ...).")

@@ -40,11 +40,6 @@ def prune(model: VisionTransformer, params: Any, last_block: int
   return model.clone(num_layers=last_block + 1, num_classes=None), kept
 
 
-def num_prefix_tokens(model: VisionTransformer) -> int:
-  """Tokens before the patches' (the class token)."""
-  return int(model.classifier == "token")
-
-
 def forward_intermediates(model: VisionTransformer, params: Any, images: jax.Array,
                           indices: int | Sequence[int] | None = None, *, norm: bool = False,
                           prefix_tokens: bool = False, output_fmt: str = "NHWC",
@@ -53,7 +48,7 @@ def forward_intermediates(model: VisionTransformer, params: Any, images: jax.Arr
 
   Each is (batch, H/stride, W/stride, width) ("NHWC") or (batch, tokens, width) ("NLC"),
   patch tokens only; with `prefix_tokens`, (features, prefix) where prefix holds each block's
-  class token, (batch, 1, width) (none for gap/map pooling). `norm`: each through the final
+  class token and registers, (batch, prefix tokens, width) (gap/map pooling: no class token). `norm`: each through the final
   LayerNorm. `stop_early`: the blocks after the last one asked for are not run.
   """
   if output_fmt not in FORMATS:
@@ -68,7 +63,7 @@ def forward_intermediates(model: VisionTransformer, params: Any, images: jax.Arr
     ln = {"params": params["Transformer"]["encoder_norm"]}
     outputs = [layer_norm.apply(ln, y) for y in outputs]
   outputs = [y.astype(jnp.float32) for y in outputs]
-  n = num_prefix_tokens(model)
+  n = model.num_prefix_tokens
   prefix, outputs = [y[:, :n] for y in outputs], [y[:, n:] for y in outputs]
   if output_fmt == "NHWC":
     h, w = images.shape[1] // model.stride, images.shape[2] // model.stride

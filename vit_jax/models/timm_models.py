@@ -60,6 +60,26 @@ def logits(model, images: np.ndarray) -> np.ndarray:
     return model(x).numpy()
 
 
+def _tokens(model) -> dict[str, np.ndarray]:
+  """Class token, registers and position embedding. Ours covers the class token and the
+  patches, not the registers: timm's `no_embed_class` gets a zero row for the class token,
+  and a timm embedding over the registers has their rows added to the registers."""
+  out, cls = {}, model.cls_token is not None
+  posemb = model.pos_embed.detach().numpy()
+  if model.no_embed_class and cls:
+    posemb = np.concatenate([np.zeros_like(posemb[:, :1]), posemb], axis=1)
+  if cls:
+    out["cls"] = model.cls_token.detach().numpy()
+  if model.reg_token is not None:
+    registers = model.reg_token.detach().numpy()
+    if not model.no_embed_class:
+      registers = registers + posemb[:, int(cls):int(cls) + registers.shape[1]]
+      posemb = np.delete(posemb, np.s_[int(cls):int(cls) + registers.shape[1]], axis=1)
+    out["reg"] = registers
+  out["Transformer/posembed_input/pos_embedding"] = posemb
+  return out
+
+
 def to_npz(model) -> dict[str, np.ndarray]:
   """A timm ViT's weights as original-layout .npz keys (the inverse of timm's `_load_weights`)."""
   t = lambda x: x.detach().numpy()
@@ -84,8 +104,7 @@ def to_npz(model) -> dict[str, np.ndarray]:
           out[p + "gn_proj/bias"] = t(block.downsample.norm.bias)
   out["embedding/kernel"] = t(emb.proj.weight).transpose(2, 3, 1, 0)
   out["embedding/bias"] = t(emb.proj.bias)
-  out["cls"] = t(model.cls_token)
-  out["Transformer/posembed_input/pos_embedding"] = t(model.pos_embed)
+  out.update(_tokens(model))
   for i, block in enumerate(model.blocks):
     p = f"Transformer/encoderblock_{i}/"
     out[p + "LayerNorm_0/scale"], out[p + "LayerNorm_0/bias"] = t(block.norm1.weight), t(block.norm1.bias)

@@ -3,7 +3,6 @@
 Parameter names follow the released checkpoints (gs://vit_models), so an .npz
 from there maps onto `model.init(...)["params"]` key for key.
 """
-import functools
 from typing import Any, Optional, Sequence
 
 import flax.linen as nn
@@ -11,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax.models import resnet
+from vit_jax.models import lora as lora_lib, posemb_resize, resnet
 
 CLASSIFIERS = ("token", "gap", "map")
 POSEMBS = ("learn", "sincos2d")
@@ -62,16 +61,17 @@ class MlpBlock(nn.Module):
   mlp_dim: int
   dropout: float = 0.0
   dtype: Any = jnp.float32
+  lora: Any = None  # (rank, factor, targets): LoRA adapters on the targeted layers.
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, deterministic: bool = True) -> jnp.ndarray:
-    dense = functools.partial(
-        nn.Dense, dtype=self.dtype, kernel_init=nn.initializers.xavier_uniform(),
-        bias_init=nn.initializers.normal(stddev=1e-6))
+    dense = lambda features, name: lora_lib.adapt(nn.Dense(
+        features, dtype=self.dtype, kernel_init=nn.initializers.xavier_uniform(),
+        bias_init=nn.initializers.normal(stddev=1e-6), name=name), self.lora)
     out_dim = x.shape[-1]
-    x = nn.gelu(dense(self.mlp_dim, name="Dense_0")(x))
+    x = nn.gelu(dense(self.mlp_dim, "Dense_0")(x))
     x = nn.Dropout(self.dropout)(x, deterministic)
-    x = dense(out_dim, name="Dense_1")(x)
+    x = dense(out_dim, "Dense_1")(x)
     return nn.Dropout(self.dropout)(x, deterministic)
 
 
@@ -87,6 +87,7 @@ class MultiHeadDotProductAttention(nn.Module):
   dropout: float = 0.0
   dtype: Any = jnp.float32
   implementation: Optional[str] = None
+  lora: Any = None  # (rank, factor, targets): LoRA adapters on the targeted projections.
 
   @nn.compact
   def __call__(self, inputs_q: jnp.ndarray, inputs_kv: jnp.ndarray, *,
@@ -106,12 +107,12 @@ class MultiHeadDotProductAttention(nn.Module):
       self_attention = inputs_kv is inputs_q
       inputs_q = _pad_tokens(inputs_q)
       inputs_kv = inputs_q if self_attention else _pad_tokens(inputs_kv)
-    dense = functools.partial(
-        nn.DenseGeneral, features=(self.num_heads, head_dim), dtype=self.dtype,
-        kernel_init=nn.initializers.xavier_uniform())
-    q = dense(name="query")(inputs_q)
-    k = dense(name="key")(inputs_kv)
-    v = dense(name="value")(inputs_kv)
+    dense = lambda name: lora_lib.adapt(nn.DenseGeneral(
+        features=(self.num_heads, head_dim), dtype=self.dtype,
+        kernel_init=nn.initializers.xavier_uniform(), name=name), self.lora)
+    q = dense("query")(inputs_q)
+    k = dense("key")(inputs_kv)
+    v = dense("value")(inputs_kv)
 
     weights = None
     if explicit:
@@ -123,9 +124,9 @@ class MultiHeadDotProductAttention(nn.Module):
       out = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=kv_lengths,
                                          implementation=impl)
 
-    out = nn.DenseGeneral(
+    out = lora_lib.adapt(nn.DenseGeneral(
         features, axis=(-2, -1), dtype=self.dtype,
-        kernel_init=nn.initializers.xavier_uniform(), name="out")(out)
+        kernel_init=nn.initializers.xavier_uniform(), name="out"), self.lora)(out)
     return out[:, :q_len], weights
 
 
@@ -150,34 +151,64 @@ class Encoder1DBlock(nn.Module):
   dtype: Any = jnp.float32
   attention_impl: Optional[str] = None
   drop_path: float = 0.0  # This block's stochastic-depth rate.
+  lora: Any = None
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, deterministic: bool = True,
                return_weights: bool = False):
     y = nn.LayerNorm(dtype=self.dtype, name="LayerNorm_0")(x)
     y, weights = MultiHeadDotProductAttention(
-        self.num_heads, self.attention_dropout, self.dtype, self.attention_impl,
+        self.num_heads, self.attention_dropout, self.dtype, self.attention_impl, self.lora,
         name="MultiHeadDotProductAttention_1")(
             y, y, deterministic=deterministic, return_weights=return_weights)
     y = nn.Dropout(self.dropout)(y, deterministic)
     x = x + DropPath(self.drop_path)(y, deterministic)
     y = nn.LayerNorm(dtype=self.dtype, name="LayerNorm_2")(x)
-    y = MlpBlock(self.mlp_dim, self.dropout, self.dtype, name="MlpBlock_3")(y, deterministic)
+    y = MlpBlock(self.mlp_dim, self.dropout, self.dtype, self.lora, name="MlpBlock_3")(
+        y, deterministic)
     return x + DropPath(self.drop_path)(y, deterministic), weights
 
 
 class AddPositionEmbs(nn.Module):
-  """Adds a learned position embedding, one per token (class token included)."""
+  """Adds a learned position embedding, one per token (class token included).
+
+  With `dynamic`, the stored embedding's square patch grid is resampled (posemb_resize's
+  `interpolation`) to the input's `grid`: any resolution at run time, as if the checkpoint
+  had been loaded at that resolution.
+  """
+
+  grid: tuple[int, int]
+  num_prefix: int = 0  # Tokens before the patches' (the class token).
+  dynamic: bool = False
+  interpolation: str = "bilinear"
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-    pos_embedding = self.param(
-        "pos_embedding", nn.initializers.normal(stddev=0.02), (1,) + x.shape[1:])
-    return x + pos_embedding
+    shape = (1,) + x.shape[1:]
+    if self.has_variable("params", "pos_embedding"):
+      stored = self.get_variable("params", "pos_embedding")
+      if stored.shape != shape:
+        if not self.dynamic:
+          raise ValueError(
+              f"The position embedding has {stored.shape[1]} tokens, the input gives "
+              f"{shape[1]} ({self.grid[0]}x{self.grid[1]} patches): load the checkpoint at "
+              "this image_size, or build the model with dynamic_image_size=True.")
+        return x + self._resampled(stored)
+    return x + self.param("pos_embedding", nn.initializers.normal(stddev=0.02), shape)
+
+  def _resampled(self, stored: jnp.ndarray) -> jnp.ndarray:
+    prefix, grid = stored[:, :self.num_prefix], stored[0, self.num_prefix:]
+    side = int(np.sqrt(grid.shape[0]))
+    if side * side != grid.shape[0]:
+      raise ValueError(f"dynamic_image_size: the position embedding's {grid.shape[0]} patches "
+                       "are not a square grid.")
+    grid = posemb_resize.resample(grid.reshape(side, side, -1), self.grid, self.interpolation)
+    return jnp.concatenate([prefix, grid.reshape((1, -1, grid.shape[-1]))], axis=1)
 
 
 class Encoder(nn.Module):
-  """Learned position embedding (if any), the blocks, and the final LayerNorm."""
+  """Learned position embedding (if any), register tokens (if any), the blocks, and the final
+  LayerNorm."""
 
   num_layers: int
   mlp_dim: int
@@ -189,12 +220,21 @@ class Encoder(nn.Module):
   dtype: Any = jnp.float32
   attention_impl: Optional[str] = None
   stochastic_depth: float = 0.0  # The last block's rate; block i has (i + 1) / L of it.
+  lora: Any = None
+  dynamic_image_size: bool = False
+  posemb_interpolation: str = "bilinear"
 
   @nn.compact
-  def __call__(self, x: jnp.ndarray, deterministic: bool = True,
-               return_weights: bool = False):
+  def __call__(self, x: jnp.ndarray, grid: tuple[int, int], registers: Optional[jnp.ndarray],
+               deterministic: bool = True, return_weights: bool = False):
+    num_prefix = x.shape[1] - grid[0] * grid[1]
     if self.learned_posemb:
-      x = AddPositionEmbs(name="posembed_input")(x)
+      x = AddPositionEmbs(grid, num_prefix, self.dynamic_image_size, self.posemb_interpolation,
+                          name="posembed_input")(x)
+    if registers is not None:
+      # After the class token, with no position embedding (Darcet et al., 2024).
+      registers = jnp.tile(registers, [x.shape[0], 1, 1])
+      x = jnp.concatenate([x[:, :num_prefix], registers, x[:, num_prefix:]], axis=1)
     x = nn.Dropout(self.dropout)(x, deterministic)
     block = Encoder1DBlock
     if self.remat:
@@ -204,7 +244,7 @@ class Encoder(nn.Module):
       x, weights = block(
           self.mlp_dim, self.num_heads, self.dropout, self.attention_dropout,
           self.dtype, self.attention_impl,
-          drop_path=self.stochastic_depth * (i + 1) / self.num_layers,
+          drop_path=self.stochastic_depth * (i + 1) / self.num_layers, lora=self.lora,
           name=f"encoderblock_{i}")(
               x, deterministic, return_weights)
       # Kept only where the caller asks (mutable=["intermediates"]): models.features.
@@ -260,6 +300,16 @@ class VisionTransformer(nn.Module):
   # Stochastic depth: the rate rises linearly to this at the last block (0: off).
   stochastic_depth: float = 0.0
   head_bias_init: float = 0.0
+  # Register tokens (Darcet et al., 2024): learned tokens after the class token, without a
+  # position embedding, dropped before pooling.
+  num_registers: int = 0
+  # LoRA adapters (models/lora.py) on the encoder blocks' `lora_targets` (0: none).
+  lora_rank: int = 0
+  lora_alpha: Optional[float] = None
+  lora_targets: Sequence[str] = lora_lib.DEFAULT_TARGETS
+  # Any input resolution: the position embedding resampled in the forward pass.
+  dynamic_image_size: bool = False
+  posemb_interpolation: str = "bilinear"  # Or "bicubic" (posemb_resize.METHODS).
   remat: bool = False
   dtype: Any = jnp.float32
   attention_impl: Optional[str] = "auto"  # cuDNN flash attention where it runs.
@@ -284,12 +334,19 @@ class VisionTransformer(nn.Module):
           f"{self.stride} ({self.name_in_registry or 'model'}): use a size that is a "
           f"multiple of {self.stride}, e.g. {max(h // self.stride, 1) * self.stride}.")
 
+  @property
+  def num_prefix_tokens(self) -> int:
+    """Tokens before the patches' in the encoder's output: the class token, the registers."""
+    return int(self.classifier == "token") + self.num_registers
+
   def _pool(self, encoded: jnp.ndarray) -> jnp.ndarray:
-    """The tokens to one vector: the class token, their mean, or attention pooling."""
+    """The tokens to one vector: the class token, the patches' mean, or attention pooling."""
     if self.classifier == "token":
       # Not encoded[:, 0]: with a symbolic batch (jax2tf, jax.export) that indexing becomes a
       # dynamic gather, which the TFLite converter cannot lower; this is a plain slice.
       return jax.lax.index_in_dim(encoded, 0, axis=1, keepdims=False)
+    if self.num_registers:
+      encoded = encoded[:, self.num_prefix_tokens:]
     if self.classifier == "gap":
       return jnp.mean(encoded, axis=1)
     return MAPHead(self.mlp_dim, self.num_heads, self.dtype, self.attention_impl,
@@ -302,16 +359,25 @@ class VisionTransformer(nn.Module):
       raise ValueError(f"posemb={self.posemb!r}, expected one of {POSEMBS}.")
     if not 0 <= self.stochastic_depth < 1:
       raise ValueError(f"stochastic_depth={self.stochastic_depth!r}, expected a rate in [0, 1).")
+    if self.num_registers < 0:
+      raise ValueError(f"num_registers={self.num_registers!r}, expected >= 0.")
+    if self.posemb_interpolation not in posemb_resize.METHODS:
+      raise ValueError(f"posemb_interpolation={self.posemb_interpolation!r}, expected one of "
+                       f"{posemb_resize.METHODS}.")
+    lora_lib.check(self.lora_rank, self.lora_alpha, self.lora_targets)
 
-  @nn.compact
-  def __call__(self, images: jnp.ndarray, *, train: bool = False,
-               return_aux: bool = False, return_attention: bool = False):
-    self._check_fields()
-    self._check_inputs(images)
+  @property
+  def _lora(self) -> Optional[tuple[int, float, tuple[str, ...]]]:
+    if not self.lora_rank:
+      return None
+    return (self.lora_rank, lora_lib.scale(self.lora_rank, self.lora_alpha),
+            tuple(self.lora_targets))
+
+  def _embed(self, images: jnp.ndarray) -> tuple[jnp.ndarray, tuple[int, int]]:
+    """The patches' tokens (after the hybrids' stem), class token first; and the patch grid."""
     x = images.astype(self.dtype)
     if self.resnet_layers is not None:
       x = resnet.resnet_stem(x, self.resnet_layers, self.resnet_width_factor, self.dtype)
-
     x = nn.Conv(self.hidden_size, (self.patch_size, self.patch_size),
                 strides=(self.patch_size, self.patch_size), padding="VALID",
                 dtype=self.dtype, name="embedding")(x)
@@ -325,13 +391,27 @@ class VisionTransformer(nn.Module):
     if self.classifier == "token":
       cls = self.param("cls", nn.initializers.zeros, (1, 1, c))
       x = jnp.concatenate([jnp.tile(cls, [n, 1, 1]), x], axis=1)
+    return x, (h, w)
+
+  @nn.compact
+  def __call__(self, images: jnp.ndarray, *, train: bool = False,
+               return_aux: bool = False, return_attention: bool = False):
+    self._check_fields()
+    self._check_inputs(images)
+    x, (h, w) = self._embed(images)
+    registers = None
+    if self.num_registers:  # timm's initialisation of its `reg_token`.
+      registers = self.param("reg", nn.initializers.normal(stddev=1e-6),
+                             (1, self.num_registers, self.hidden_size))
 
     encoded, attention = Encoder(
         self.num_layers, self.mlp_dim, self.num_heads, self.dropout,
         self.attention_dropout, learned_posemb=self.posemb == "learn",
         remat=self.remat, dtype=self.dtype, attention_impl=self.attention_impl,
-        stochastic_depth=self.stochastic_depth,
-        name="Transformer")(x, not train, return_attention)
+        stochastic_depth=self.stochastic_depth, lora=self._lora,
+        dynamic_image_size=self.dynamic_image_size,
+        posemb_interpolation=self.posemb_interpolation,
+        name="Transformer")(x, (h, w), registers, not train, return_attention)
 
     x = self._pool(encoded)
     if self.representation_size is not None:

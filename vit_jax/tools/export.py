@@ -1,6 +1,6 @@
 """Exports a checkpoint: as a released-layout .npz, or for serving outside JAX.
 
-vit-export CHECKPOINT OUT [--format npz|savedmodel|tflite|onnx]
+vit-export CHECKPOINT OUT [--format npz|adapters|savedmodel|tflite|onnx]
     [--model NAME] [--image_size N]
 
 CHECKPOINT: a training run's workdir (its latest step), one of its step directories, an
@@ -8,7 +8,10 @@ CHECKPOINT: a training run's workdir (its latest step), one of its step director
 checkpoint's description (model, resolution, input value range and crop, classes, origin),
 which `vit-inspect` prints and predict, few-shot and fine-tuning read.
   npz (default): the params in the original layout, which `checkpoint.load_npz`, timm's
-    `_load_weights` and the official code read; its model is printed, for `--model`.
+    `_load_weights` and the official code read; its model is printed, for `--model`. A LoRA
+    run's adapters come merged into their kernels.
+  adapters: a LoRA run's adapters and head alone, a small .npz that every command reads
+    as its base checkpoint (the run's config.pretrained, read again) with them merged.
   savedmodel: a folder; signature `serving_default`: uint8 images (batch, N, N, 3) ->
     `logits` float32 (batch, classes), `top5` int32 (batch, 5); the value range the model
     was trained with is applied inside.
@@ -23,7 +26,7 @@ from vit_jax import checkpoint
 from vit_jax.serving import convert
 from vit_jax.tools import cli
 
-FORMATS = ("npz", *convert.FORMATS)
+FORMATS = ("npz", "adapters", *convert.FORMATS)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -34,7 +37,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--model", default=None, help="registry name (checked against the file)")
   parser.add_argument("--image_size", type=int, default=None)
   args = parser.parse_args(argv)
-  if args.format == "npz" and (args.model or args.image_size):
+  if args.format in ("npz", "adapters") and (args.model or args.image_size):
     parser.error("--model and --image_size apply to the serving formats; npz keeps the params "
                  "as they are.")
   return args
@@ -45,6 +48,8 @@ def main(argv: list[str]) -> int:
   args = parse_args(argv)
   if args.format == "npz":
     described = checkpoint.export_npz(args.checkpoint, args.out)
+  elif args.format == "adapters":
+    described = checkpoint.export_adapters(args.checkpoint, args.out)
   else:
     described = convert.export(args.checkpoint, args.out, args.format, args.model,
                                args.image_size).description

@@ -5,6 +5,7 @@ from vit_jax import data, losses, models
 from vit_jax.config_errors import check, check_known
 from vit_jax.data import config as data_config
 from vit_jax.evaluators import fewshot_lsr
+from vit_jax.models import lora
 from vit_jax.train import optimizers
 
 DTYPES = ("float32", "bfloat16")
@@ -13,7 +14,24 @@ MODEL_FIELDS = dict(
     patch_size=int, hidden_size=int, mlp_dim=int, num_heads=int, num_layers=int,
     representation_size=int, classifier=str, posemb=str, resnet_layers=tuple,
     resnet_width_factor=float, dropout=float, attention_dropout=float, stochastic_depth=float,
-    head_bias_init=float, remat=bool, attention_impl=str)
+    head_bias_init=float, num_registers=int, dynamic_image_size=bool,
+    posemb_interpolation=str, remat=bool, attention_impl=str)
+
+
+def _lora_config() -> ml_collections.ConfigDict:
+  """LoRA (models/lora.py): adapters of `rank` on the encoder blocks' `targets` (of
+  lora.TARGETS), their product scaled by alpha / rank (alpha None: the rank). Only the
+  adapters and the head are trained; a step read back has them merged. rank 0: off."""
+  return ml_collections.ConfigDict(dict(
+      rank=0, alpha=ml_collections.FieldReference(None, field_type=float),
+      targets=lora.DEFAULT_TARGETS))
+
+
+def _fewshot_config() -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dict(
+      datasets=(), data_dir=ml_collections.FieldReference(None, field_type=str),
+      train_split="train", test_split="test", shots=fewshot_lsr.DEFAULT_SHOTS,
+      seeds=fewshot_lsr.DEFAULT_SEEDS, l2=fewshot_lsr.DEFAULT_L2))
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -43,12 +61,10 @@ def base_config() -> ml_collections.ConfigDict:
   # (1 - d) * params, starting from the initial ones. Checkpointed and resumed with the run,
   # evaluated beside the parameters (metrics `ema_*`); `ema:WORKDIR` reads it as a checkpoint.
   c.ema_decay = ml_collections.FieldReference(None, field_type=float)
+  c.lora = _lora_config()
 
   # Few-shot linear probes run with the evaluation (off while `datasets` is empty).
-  c.fewshot = ml_collections.ConfigDict(dict(
-      datasets=(), data_dir=ml_collections.FieldReference(None, field_type=str),
-      train_split="train", test_split="test", shots=fewshot_lsr.DEFAULT_SHOTS,
-      seeds=fewshot_lsr.DEFAULT_SEEDS, l2=fewshot_lsr.DEFAULT_L2))
+  c.fewshot = _fewshot_config()
 
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
   # How many XLA devices to split a CPU host into (None: JAX's default, one, or the count in
@@ -75,7 +91,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     check_known(key, c[key], known.keys())
   check(c.model_name in models.MODEL_CONFIGS, "model_name", c.model_name,
         f"unknown model; known: {', '.join(models.MODEL_CONFIGS)}")
-  for group in ("model", "optimizer", "fewshot", "mesh"):
+  for group in ("model", "optimizer", "fewshot", "mesh", "lora"):
     for key in c[group].keys():
       check_known(f"{group}.{key}", c[group][key], known[group].keys())
   check(c.dtype in DTYPES, "dtype", c.dtype, f"expected one of {DTYPES}")
@@ -85,17 +101,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   check(c.model.stochastic_depth is None or 0 <= c.model.stochastic_depth < 1,
         "model.stochastic_depth", c.model.stochastic_depth, "must be in [0, 1) (0: off)")
   check(c.ema_decay is None or 0 < c.ema_decay < 1, "ema_decay", c.ema_decay, "must be in (0, 1)")
-  o = c.optimizer
-  check(o.name in optimizers.OPTIMIZERS, "optimizer.name", o.name,
-        f"expected one of {optimizers.OPTIMIZERS}")
-  check(o.decay in optimizers.DECAYS, "optimizer.decay", o.decay,
-        f"expected one of {optimizers.DECAYS}")
-  check(o.lr > 0, "optimizer.lr", o.lr, "must be > 0")
-  check(0 <= o.end_lr <= o.lr, "optimizer.end_lr", o.end_lr, "must be in [0, optimizer.lr]")
-  check(o.weight_decay >= 0, "optimizer.weight_decay", o.weight_decay, "must be >= 0")
-  check(o.mu_dtype in (None, *DTYPES), "optimizer.mu_dtype", o.mu_dtype,
-        f"expected None or one of {DTYPES}")
-  optimizers.validate(o)
+  _validate_lora(c.lora)
+  _validate_optimizer(c.optimizer)
   check(c.batch_size > 0, "batch_size", c.batch_size, "must be > 0")
   check(c.accum_steps >= 1 and c.batch_size % c.accum_steps == 0, "accum_steps", c.accum_steps,
         f"must be >= 1 and divide batch_size={c.batch_size}")
@@ -118,6 +125,26 @@ def validate(c: ml_collections.ConfigDict) -> None:
   check(all(isinstance(k, int) and k > 0 for k in c.fewshot.shots), "fewshot.shots",
         c.fewshot.shots, "must be positive integers")
   data_config.validate(c.data)
+
+
+def _validate_lora(lo: ml_collections.ConfigDict) -> None:
+  check(lo.rank >= 0, "lora.rank", lo.rank, "must be >= 0 (0: off)")
+  check(lo.alpha is None or lo.alpha > 0, "lora.alpha", lo.alpha, "must be > 0 (None: the rank)")
+  check(bool(lo.targets) and all(t in lora.TARGETS for t in lo.targets), "lora.targets",
+        lo.targets, f"expected one or more of {lora.TARGETS}")
+
+
+def _validate_optimizer(o: ml_collections.ConfigDict) -> None:
+  check(o.name in optimizers.OPTIMIZERS, "optimizer.name", o.name,
+        f"expected one of {optimizers.OPTIMIZERS}")
+  check(o.decay in optimizers.DECAYS, "optimizer.decay", o.decay,
+        f"expected one of {optimizers.DECAYS}")
+  check(o.lr > 0, "optimizer.lr", o.lr, "must be > 0")
+  check(0 <= o.end_lr <= o.lr, "optimizer.end_lr", o.end_lr, "must be in [0, optimizer.lr]")
+  check(o.weight_decay >= 0, "optimizer.weight_decay", o.weight_decay, "must be >= 0")
+  check(o.mu_dtype in (None, *DTYPES), "optimizer.mu_dtype", o.mu_dtype,
+        f"expected None or one of {DTYPES}")
+  optimizers.validate(o)
 
 
 def resolve_steps(c: ml_collections.ConfigDict, num_train_examples: int) -> tuple[int, int]:

@@ -25,6 +25,7 @@ from vit_jax.checkpoint import description as description_lib, run
 from vit_jax.data import config as data_config
 from vit_jax.evaluators import fewshot_lsr
 from vit_jax.evaluators.classification import ClassificationEvaluator
+from vit_jax.models import lora
 from vit_jax.train import config as config_lib
 from vit_jax.train import optimizers, sharding, trainer, watchdog
 
@@ -52,7 +53,11 @@ class _Preemption:
 
 
 def _model_overrides(c: ml_collections.ConfigDict) -> dict[str, Any]:
-  return {k: v for k, v in c.model.items() if v is not None}
+  overrides = {k: v for k, v in c.model.items() if v is not None}
+  if c.lora.rank:
+    overrides |= dict(lora_rank=c.lora.rank, lora_alpha=c.lora.alpha,
+                      lora_targets=tuple(c.lora.targets))
+  return overrides
 
 
 def build_model(c: ml_collections.ConfigDict, num_classes: int) -> models.VisionTransformer:
@@ -80,7 +85,8 @@ def _model_fields(c: ml_collections.ConfigDict) -> dict[str, Any]:
 def _architecture(c: ml_collections.ConfigDict) -> dict[str, Any]:
   """The model's fields that its parameters depend on (no regularisation, no remat)."""
   return _jsonable({k: v for k, v in _model_fields(c).items()
-                    if k not in _REGULARISATION + ("remat", "attention_impl")})
+                    if k not in _REGULARISATION + ("remat", "attention_impl",
+                                                   "dynamic_image_size")})
 
 
 def run_meta(c: ml_collections.ConfigDict, num_classes: int, total_steps: int,
@@ -153,7 +159,7 @@ class _Job:
     info = data.dataset_info(c.data)
     total_steps, warmup_steps = config_lib.resolve_steps(c, info.num_train_examples)
     tx, schedule = optimizers.make_optimizer(c.optimizer, total_steps, warmup_steps,
-                                             c.accum_steps)
+                                             c.accum_steps, lora.TRAINED if c.lora.rank else ())
     return cls(c, workdir, build_model(c, info.num_classes), tx, schedule,
                sharding.make_mesh(c.mesh.data, c.mesh.fsdp),
                config_lib.micro_batch_size(c, jax.device_count()), total_steps, warmup_steps,
@@ -162,6 +168,18 @@ class _Job:
   @property
   def batch_sharding(self) -> jax.sharding.NamedSharding:
     return sharding.batch_sharding(self.mesh)
+
+
+def _pretrained_params(model: models.VisionTransformer, path: str, rng: jax.Array,
+                       image_shape: tuple[int, ...]) -> Any:
+  """`path`'s params fitted to `model`; LoRA adapters, which no checkpoint has, initialised."""
+  images = jnp.zeros((1,) + image_shape)
+  if not model.lora_rank:
+    return checkpoint.load_params(path, jax.eval_shape(model.init, rng, images)["params"])
+  fresh = checkpoint.flatten(jax.jit(model.init)(rng, images)["params"])
+  adapters = {k: v for k, v in fresh.items() if lora.is_adapter(k)}
+  base = checkpoint.unflatten({k: v for k, v in fresh.items() if k not in adapters})
+  return checkpoint.unflatten(checkpoint.flatten(checkpoint.load_params(path, base)) | adapters)
 
 
 def _restore_or_init(job: _Job, rng: jax.Array
@@ -173,8 +191,7 @@ def _restore_or_init(job: _Job, rng: jax.Array
   has_steps = bool(run.finished_steps(job.workdir))
   params = None
   if not has_steps and c.pretrained:
-    abstract = jax.eval_shape(job.model.init, rng, jnp.zeros((1,) + image_shape))["params"]
-    params = checkpoint.load_params(c.pretrained, abstract)
+    params = _pretrained_params(job.model, c.pretrained, rng, image_shape)
     logging.info("Initialised from %s.", c.pretrained)
   state, shardings = trainer.init_state(job.model, job.tx, job.mesh, image_shape, rng, params,
                                         ema=c.ema_decay is not None)

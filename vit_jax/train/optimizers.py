@@ -139,12 +139,13 @@ def _scale_by_name(cfg: ml_collections.ConfigDict) -> optax.GradientTransformati
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-def _labels(frozen: Sequence[str]) -> Callable[[Any], Any]:
+def _labels(frozen: Sequence[str], trained_only: Sequence[str]) -> Callable[[Any], Any]:
   def labels(params):
     names = param_names(params)
     _check_patterns("frozen", frozen, jax.tree.leaves(names))
-    return jax.tree.map(lambda n: "frozen" if first_match(frozen, n) is not None
-                        else "trained", names)
+    is_frozen = lambda n: (first_match(frozen, n) is not None or
+                           bool(trained_only) and first_match(trained_only, n) is None)
+    return jax.tree.map(lambda n: "frozen" if is_frozen(n) else "trained", names)
 
   return labels
 
@@ -166,16 +167,18 @@ def _base_optimizer(cfg: ml_collections.ConfigDict, schedule: optax.Schedule
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict, total_steps: int, warmup_steps: int,
-                   accum_steps: int = 1) -> tuple[optax.GradientTransformation, optax.Schedule]:
+                   accum_steps: int = 1, trained_only: Sequence[str] = ()
+                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """The optimizer of `config.optimizer`; steps count optimizer updates. Frozen parameters
+  (`cfg.frozen`'s, and with `trained_only` patterns every parameter none of them matches)
   are left out of clipping's global norm and of the optimizer's state."""
   schedule = make_schedule(cfg, total_steps, warmup_steps)
   tx = _base_optimizer(cfg, schedule)
   if accum_steps > 1:
     tx = optax.MultiSteps(tx, every_k_schedule=accum_steps)
-  if cfg.frozen:
+  if cfg.frozen or trained_only:
     tx = optax.multi_transform({"trained": tx, "frozen": optax.set_to_zero()},
-                               _labels(tuple(cfg.frozen)))
+                               _labels(tuple(cfg.frozen), tuple(trained_only)))
   if cfg.layer_decay is not None or cfg.lr_mults:
     tx = optax.chain(tx, _scale_by_name(cfg))
   return tx, schedule
