@@ -81,6 +81,7 @@ setuptools.setup(
         "console_scripts": [
             "vit-train=vit_jax.tools.train:run",
             "vit-fewshot=vit_jax.tools.fewshot:run",
+            "vit-transfer=vit_jax.tools.transfer:run",
             "vit-export=vit_jax.tools.export:run",
             "vit-predict=vit_jax.tools.predict:run",
             "vit-zoo=vit_jax.tools.zoo:run",

@@ -17,6 +17,7 @@ LAYERS = (
     ("evaluators", "serving"),
     ("train",),
     ("configs",),  # The recipes: train's base config, filled in.
+    ("transfer",),  # The paper's transfer protocol: runs of the finetune recipe.
     ("explore",),  # Notebook and `inspect` support: what the analyses compute ...
     ("figures",),  # ... and how they are drawn.
     ("tools",),  # The command lines: nothing below imports them.

@@ -1,5 +1,6 @@
 """Register tokens (num_registers): timm's register ViTs' weights moved into ours give timm's
-logits and block outputs, and ours write to and read from .npz as every other array."""
+logits and block outputs, ours moved into timm's give ours, and ours write to and read from
+.npz as every other array."""
 import jax
 import numpy as np
 import pytest
@@ -54,6 +55,22 @@ def test_logits_and_prefix_tokens_are_timms(layout, tmp_path):
     assert p.shape == (2, 4 if "gap" in layout else 5, 192)
     np.testing.assert_allclose(np.asarray(m), tm.numpy(), atol=1e-4, rtol=1e-4)
     np.testing.assert_allclose(np.asarray(p), tp.numpy(), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_ours_moved_into_timm_give_our_logits(layout):
+  gap = "gap" in layout
+  model = models.create_model("ViT-Ti_16", num_classes=10, num_registers=4,
+                              classifier="gap" if gap else "token")
+  images = np.random.default_rng(0).uniform(-1, 1, (2, 64, 64, 3)).astype(np.float32)
+  params = model.init(jax.random.key(0), images)["params"]
+  noise = np.random.default_rng(1)
+  params = jax.tree.map(lambda p: p + 0.05 * noise.standard_normal(p.shape, np.float32), params)
+  reference, _ = timm_with_registers(**LAYOUTS[layout])
+  timm_models.load_into(reference, checkpoint.flatten(params))
+  np.testing.assert_allclose(timm_models.logits(reference, images),
+                             np.asarray(model.apply({"params": params}, images)),
+                             atol=1e-4, rtol=1e-4)
 
 
 def test_registers_round_trip_through_npz(tmp_path):

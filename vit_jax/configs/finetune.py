@@ -12,6 +12,7 @@ TOTAL_STEPS = {"cifar10": 10_000, "cifar100": 10_000, "imagenet2012": 20_000,
                "oxford_iiit_pet": 500, "oxford_flowers102": 500}
 EVAL_SPLITS = {"imagenet2012": "validation"}
 IMAGE_SIZE = 384
+WARMUP_STEPS = 500
 
 
 def get_config(arg: str = "b16,cifar10"):
@@ -23,7 +24,7 @@ def get_config(arg: str = "b16,cifar10"):
                 eval_crop="resize")
   c.batch_size = 512
   c.total_steps = TOTAL_STEPS.get(dataset, 10_000)
-  c.warmup_steps = 500
+  c.warmup_steps = WARMUP_STEPS
   c.optimizer.update(name="sgd", lr=0.03, momentum=0.9, weight_decay=0.0, decay="cosine",
                      grad_clip_norm=1.0)
   c.log_every_steps = 50

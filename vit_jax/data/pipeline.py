@@ -262,8 +262,10 @@ def _eval_dataset(cfg: ml_collections.ConfigDict, *, local_batch: int,
   decode, preprocess = _decoder(source, mode), _eval_preprocess(cfg)
   ds = ds.map(lambda ex: preprocess(decode(ex)),
               num_parallel_calls=tf.data.AUTOTUNE)
+  # A label is a class, or a set of right classes as a multi-hot vector (ImageNet ReaL).
   padding = {"image": tf.zeros([cfg.image_size, cfg.image_size, 3]),
-             "label": tf.constant(0), "mask": tf.constant(0.0)}
+             "label": tf.zeros(ds.element_spec["label"].shape, tf.int32),
+             "mask": tf.constant(0.0)}
   ds = ds.concatenate(tf.data.Dataset.from_tensors(padding).repeat())
   ds = ds.take(num_batches * local_batch).batch(local_batch)
   return ds.prefetch(cfg.prefetch).with_options(_options(cfg)), num_batches

@@ -26,6 +26,9 @@ CONFIG_OPTIONS = {"name": "data.name", "data_dir": "data.data_dir",
                   "download": "set data.download=True", "no_download": "data.download=False",
                   "train_split": "data.train_split", "eval_split": "data.eval_split"}
 
+# data.name = "task:NAME": a transfer task of data/tasks.py (its TFDS builder, label, classes).
+TASK_PREFIX = "task:"
+
 _HOW_TO_SUPPLY = (
     "Supply the data in one of these ways: set {data_dir} to the TFDS data "
     "directory that holds it (e.g. after `tfds build {dataset} --data_dir=DIR` on a "
@@ -58,11 +61,32 @@ def is_folder(name: str) -> bool:
   return name.startswith(("/", ".", "~")) or "://" in name or os.path.isdir(name)
 
 
-class TfdsSource:
-  """A prepared TFDS dataset with an image and a class label."""
+def _supervised_keys(info: tfds.core.DatasetInfo, name: str) -> tuple[str, tuple[str, ...]]:
+  """The image key and class names of a dataset with (image, class label) supervised keys."""
+  keys = info.supervised_keys
+  if (not keys or len(keys) != 2 or not isinstance(keys[0], str) or
+      not isinstance(info.features[keys[0]], tfds.features.Image) or
+      not isinstance(info.features[keys[1]], tfds.features.ClassLabel)):
+    raise DataOptionError("{name}={value!r}: expected a TFDS dataset with (image, class "
+                          "label) supervised keys, got {keys}.", value=name, keys=keys)
+  return keys[0], tuple(info.features[keys[1]].names)
 
-  def __init__(self, name: str, data_dir: str | None, download: bool):
-    self.name = name
+
+_MANUAL = (
+    "TFDS dataset {full_name!r} is not prepared in {root!r} ({data_dir}={value!r}) and TFDS "
+    "cannot download it: place its files in {manual_dir} and run `tfds build {builder} "
+    "--data_dir={root}` (or set {data_dir} to a directory where it is prepared). Where to get "
+    "them: {how}")
+
+
+class TfdsSource:
+  """A prepared TFDS dataset with an image and a class label, or a transfer task's
+  (data/tasks.py: its builder, label function and classes)."""
+
+  def __init__(self, name: str, data_dir: str | None, download: bool, task: Any = None):
+    self.name, self._task = name, task
+    if task is not None:
+      name = task.tfds_name
     if name.split(":")[0] == "fashion_mnist":
       fashion_mnist.prepare_fashion_mnist(data_dir)
     try:
@@ -74,23 +98,25 @@ class TfdsSource:
           "{name}={value!r} is neither a TFDS dataset nor an existing directory.{hint} "
           + _HOW_TO_SUPPLY, value=name, hint=hint, dataset="DATASET") from None
     if not self._builder.is_prepared():
+      if getattr(self._builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None):
+        root = str(self._builder.data_dir_root)
+        raise DataOptionError(
+            _MANUAL, value=data_dir, full_name=self._builder.info.full_name, root=root,
+            manual_dir=os.path.join(root, "downloads", "manual"), builder=name.split(":")[0],
+            how=" ".join(self._builder.MANUAL_DOWNLOAD_INSTRUCTIONS.split()))
       if not download:
         raise DataOptionError(
             "TFDS dataset {full_name!r} is not prepared in data_dir={root!r} ({data_dir}="
             "{value!r}) and {no_download}. " + _HOW_TO_SUPPLY,
-            full_name=self._builder.info.full_name, root=self._builder.data_dir_root,
+            full_name=self._builder.info.full_name, root=str(self._builder.data_dir_root),
             value=data_dir, dataset=name)
       self._builder.download_and_prepare()
 
     info = self._builder.info
-    keys = info.supervised_keys
-    if (not keys or len(keys) != 2 or not isinstance(keys[0], str) or
-        not isinstance(info.features[keys[0]], tfds.features.Image) or
-        not isinstance(info.features[keys[1]], tfds.features.ClassLabel)):
-      raise DataOptionError("{name}={value!r}: expected a TFDS dataset with (image, class "
-                            "label) supervised keys, got {keys}.", value=name, keys=keys)
-    self._image_key, label_key = keys
-    self.class_names = tuple(info.features[label_key].names)
+    if task is not None:
+      self._image_key, self.class_names = task.image_key, task.class_names
+    else:
+      self._image_key, self.class_names = _supervised_keys(info, name)
     image_shape = info.features[self._image_key].shape
     self.channels = image_shape[-1] or 3
     self._image_shape = image_shape if None not in image_shape else None
@@ -113,10 +139,12 @@ class TfdsSource:
            process_count: int) -> tf.data.Dataset:
     ds = self._builder.as_dataset(
         split=tfds.even_splits(split, process_count)[process_index],
-        shuffle_files=False, as_supervised=True,
+        shuffle_files=False, as_supervised=self._task is None,
         decoders={self._image_key: tfds.decode.SkipDecoding()},
         # The pipeline caches what it wants itself.
         read_config=tfds.ReadConfig(try_autocache=False))
+    if self._task is not None:
+      return ds.map(self._task.example)
     return ds.map(lambda image, label: {"image": image, "label": label})
 
   def skipped_images(self, split: str) -> tuple[str, ...]:
@@ -273,6 +301,9 @@ def get_source(name: str, data_dir: str | None, download: bool, on_bad_image: st
   """`on_bad_image`, `class_split` and `allow_class_mismatch`: see FolderSource."""
   if is_folder(name):
     return FolderSource(name, on_bad_image, class_split, allow_class_mismatch)
+  if name.startswith(TASK_PREFIX):
+    from vit_jax.data import tasks  # tasks imports this module's errors
+    return TfdsSource(name, data_dir, download, tasks.get(name.removeprefix(TASK_PREFIX)))
   return TfdsSource(name, data_dir, download)
 
 

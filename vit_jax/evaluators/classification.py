@@ -8,11 +8,27 @@ import numpy as np
 from vit_jax import losses
 
 
+def label_set_sums(logits: jax.Array, label_sets: jax.Array, mask: jax.Array
+                   ) -> dict[str, jax.Array]:
+  """ImageNet ReaL's scoring (Beyer et al., 2020): a prediction is right when it is in the
+  example's set of right classes (multi-hot `label_sets`); examples with an empty set are
+  left out."""
+  counted = (jnp.sum(label_sets, -1) > 0) * mask
+  top1 = jnp.take_along_axis(label_sets, jnp.argmax(logits, -1)[:, None], -1)[:, 0] > 0
+  out = {"count": jnp.sum(counted), "accuracy": jnp.sum(top1 * counted)}
+  if logits.shape[-1] >= 5:
+    top5 = jnp.any(jnp.take_along_axis(label_sets, jax.lax.top_k(logits, 5)[1], -1) > 0, -1)
+    out["top5_accuracy"] = jnp.sum(top5 * counted)
+  return out
+
+
 class ClassificationEvaluator:
   """Counts every real example once: padded examples carry mask 0.
 
   `predict_fn(params, images) -> logits` is jit-compiled here with the batch's
-  sharding; the sums stay on device until the end of the pass.
+  sharding; the sums stay on device until the end of the pass. Batches whose labels are
+  sets of right classes (multi-hot, (batch, classes)) are scored as ImageNet ReaL is
+  (`label_set_sums`), without a loss.
   """
 
   def __init__(self, predict_fn: Callable, batches: Callable[[], Iterable[dict]],
@@ -21,6 +37,8 @@ class ClassificationEvaluator:
 
     def sums(params, batch):
       logits = predict_fn(params, batch["image"])
+      if batch["label"].ndim == 2:
+        return label_set_sums(logits, batch["label"], batch["mask"])
       mask, num_classes = batch["mask"], logits.shape[-1]
       label = jnp.argmax(losses.onehot_targets(batch["label"], num_classes), -1)
       out = {

@@ -1,16 +1,20 @@
-"""timm's ViTs beside this project's: the timm model of each registry name, and a timm ViT's
+"""timm's ViTs beside this project's: the timm model of each registry name, a timm ViT's
 weights as original-layout .npz arrays (the inverse of timm's `_load_weights`), which
-`checkpoint.load_npz` reads. The independent implementation the tests and benchmarks compare
-against.
+`checkpoint.load_npz` reads, and original-layout arrays into a timm ViT (`load_into`). The
+independent implementation the tests and benchmarks compare against.
 
 torch and timm are imported on first use. A process that also uses TensorFlow must import
 them first (`import_torch()` before TensorFlow): the other order crashes in triton's import
 (torch 2.14, TensorFlow 2.21).
 """
 import functools
+import os
+import tempfile
 import types
 
 import numpy as np
+
+POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 
 
 def import_torch() -> tuple[types.ModuleType, types.ModuleType]:
@@ -76,7 +80,7 @@ def _tokens(model) -> dict[str, np.ndarray]:
       registers = registers + posemb[:, int(cls):int(cls) + registers.shape[1]]
       posemb = np.delete(posemb, np.s_[int(cls):int(cls) + registers.shape[1]], axis=1)
     out["reg"] = registers
-  out["Transformer/posembed_input/pos_embedding"] = posemb
+  out[POSEMB_KEY] = posemb
   return out
 
 
@@ -122,3 +126,28 @@ def to_npz(model) -> dict[str, np.ndarray]:
   out["Transformer/encoder_norm/bias"] = t(model.norm.bias)
   out["head/kernel"], out["head/bias"] = t(model.head.weight).T, t(model.head.bias)
   return out
+
+
+def load_into(model, arrays: dict[str, np.ndarray]) -> None:
+  """Original-layout arrays into a timm ViT: timm's own `_load_weights` reads every tensor it
+  knows; the class token, registers and position embedding are first put in the model's
+  layout (`_tokens`' inverse: a `no_embed_class` model's class token takes its embedding
+  row; an embedding over the registers gets zero rows for them, which have none)."""
+  torch, _ = import_torch()
+  from timm.models.vision_transformer import _load_weights
+  arrays, cls = {k: np.asarray(v) for k, v in arrays.items()}, int("cls" in arrays)
+  posemb, registers = arrays[POSEMB_KEY], arrays.pop("reg", None)
+  if model.no_embed_class:
+    if cls:
+      arrays["cls"] = arrays["cls"] + posemb[:, :1]
+      posemb = posemb[:, 1:]
+  elif registers is not None:
+    zeros = np.zeros((1, registers.shape[1], posemb.shape[-1]), posemb.dtype)
+    posemb = np.concatenate([posemb[:, :cls], zeros, posemb[:, cls:]], axis=1)
+  arrays[POSEMB_KEY] = posemb
+  with tempfile.TemporaryDirectory() as tmp:
+    np.savez(os.path.join(tmp, "weights.npz"), **arrays)
+    _load_weights(model, os.path.join(tmp, "weights.npz"))
+  if registers is not None:
+    with torch.no_grad():
+      model.reg_token.copy_(torch.from_numpy(np.array(registers)))

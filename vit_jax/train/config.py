@@ -4,6 +4,7 @@ import ml_collections
 from vit_jax import data, losses, models
 from vit_jax.config_errors import check, check_known
 from vit_jax.data import config as data_config
+from vit_jax.data import tasks
 from vit_jax.evaluators import fewshot_lsr
 from vit_jax.models import lora
 from vit_jax.train import optimizers
@@ -28,6 +29,7 @@ def _lora_config() -> ml_collections.ConfigDict:
 
 
 def _fewshot_config() -> ml_collections.ConfigDict:
+  """Few-shot linear probes run with the evaluation (off while `datasets` is empty)."""
   return ml_collections.ConfigDict(dict(
       datasets=(), data_dir=ml_collections.FieldReference(None, field_type=str),
       train_split="train", test_split="test", shots=fewshot_lsr.DEFAULT_SHOTS,
@@ -63,7 +65,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.ema_decay = ml_collections.FieldReference(None, field_type=float)
   c.lora = _lora_config()
 
-  # Few-shot linear probes run with the evaluation (off while `datasets` is empty).
+  # Classification evaluations beside data.eval_split's, metrics prefixed by name: a name of
+  # data/tasks.py's EVALS ("imagenet_real", "imagenet_v2") or (name, data.name, split).
+  c.evals = ()
   c.fewshot = _fewshot_config()
 
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
@@ -101,6 +105,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
   check(c.model.stochastic_depth is None or 0 <= c.model.stochastic_depth < 1,
         "model.stochastic_depth", c.model.stochastic_depth, "must be in [0, 1) (0: off)")
   check(c.ema_decay is None or 0 < c.ema_decay < 1, "ema_decay", c.ema_decay, "must be in (0, 1)")
+  for spec in c.evals:
+    try:
+      tasks.eval_spec(spec)
+    except ValueError as e:
+      check(False, "evals", c.evals, str(e))
   _validate_lora(c.lora)
   _validate_optimizer(c.optimizer)
   check(c.batch_size > 0, "batch_size", c.batch_size, "must be > 0")

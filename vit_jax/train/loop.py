@@ -23,6 +23,7 @@ from jax.experimental import multihost_utils
 from vit_jax import checkpoint, cpu_backend, data, models
 from vit_jax.checkpoint import description as description_lib, run
 from vit_jax.data import config as data_config
+from vit_jax.data import tasks
 from vit_jax.evaluators import fewshot_lsr
 from vit_jax.evaluators.classification import ClassificationEvaluator
 from vit_jax.models import lora
@@ -211,13 +212,19 @@ def _restore_or_init(job: _Job, rng: jax.Array
 
 
 def _build_evaluators(job: _Job, dog: watchdog.StallWatchdog) -> dict[str, Any]:
-  """Evaluators by metric prefix: `eval` (classification), `fewshot` if configured; each
-  batch they read is a sign of life for the watchdog."""
+  """Evaluators by metric prefix: `eval` (classification), one per `config.evals` entry,
+  `fewshot` if configured; each batch they read is a sign of life for the watchdog."""
   c, model = job.config, job.model
   predict = lambda params, images: model.apply({"params": params}, images)
   evaluators = {"eval": ClassificationEvaluator(
       predict, lambda: dog.beating(data.eval_iterator(
           c.data, global_batch_size=job.micro_batch, sharding=job.batch_sharding)), c.loss)}
+  for prefix, name, split in map(tasks.eval_spec, c.evals):
+    cfg = c.data.copy_and_resolve_references()
+    cfg.update(name=name, eval_split=split)
+    evaluators[prefix] = ClassificationEvaluator(
+        predict, lambda cfg=cfg: dog.beating(data.eval_iterator(
+            cfg, global_batch_size=job.micro_batch, sharding=job.batch_sharding)), c.loss)
   if c.fewshot.datasets:
     f = c.fewshot
     datasets = fewshot_lsr.fewshot_datasets(f.datasets, f.data_dir, f.train_split, f.test_split,

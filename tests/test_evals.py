@@ -1,0 +1,85 @@
+"""Evaluations beside a run's own (config.evals): ImageNet ReaL's scoring of label sets on a
+hand-made case, its labels from a TFDS example, label sets through the eval pipeline's
+padding, and an extra evaluation wired into a run."""
+import jax
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from helpers import tiny_config
+from vit_jax import data
+from vit_jax.config_errors import ConfigError
+from vit_jax.data import pipeline, sources, tasks
+from vit_jax.evaluators import classification
+from vit_jax.train import config as config_lib, sharding
+
+
+def test_real_counts_a_prediction_in_the_set_and_leaves_out_empty_sets():
+  logits = np.full((8, 6), -1.0, np.float32)
+  logits[np.arange(8), [5, 3, 0, 0, 2, 1, 4, 4]] = 1.0
+  sets = np.zeros((8, 6), np.int32)
+  sets[0, [2, 5]] = 1  # Predicted 5: right.
+  sets[1, 1] = 1  # Predicted 3: wrong (3 is in its top 5, so top-5 right).
+  # Example 2: no right class at all, left out; 3: padding (mask 0), left out.
+  sets[3, 0] = 1
+  sets[4, 2] = sets[5, 1] = sets[6, 4] = sets[7, [0, 1]] = 1  # Right, right, right, wrong.
+  mask = np.array([1, 1, 1, 0, 1, 1, 1, 1], np.float32)
+  batch = {"image": np.zeros((8, 2, 2, 3), np.float32), "label": sets, "mask": mask}
+  evaluator = classification.ClassificationEvaluator(lambda p, x: logits, lambda: [batch])
+  assert evaluator.run(None) == {"accuracy": 4 / 6, "top5_accuracy": 1.0, "num_examples": 6}
+
+
+def test_real_labels_are_the_raters_set():
+  task = tasks.get("evals/imagenet_real")
+  assert len(task.class_names) == 1000 and task.class_names[0] == "n01440764"
+  for real, want in (([3, 7], {3, 7}), ([], set())):
+    features = {"image": tf.constant(b"png"), "original_label": tf.constant(3, tf.int64),
+                "real_label": tf.constant(real, tf.int64)}
+    label = task.example(features)["label"].numpy()
+    assert label.shape == (1000,) and set(np.flatnonzero(label)) == want
+
+
+class _LabelSets:
+  """A source of five 4x4 images whose labels are sets of 10 classes."""
+  name, channels = "label sets", 3
+
+  def meta(self, split):
+    return sources.SplitMeta(5, (4, 4, 3), 0)
+
+  def shard_sizes(self, split, process_count):
+    return [5]
+
+  def read(self, split, process_index, process_count):
+    images = [tf.io.encode_png(tf.fill([4, 4, 3], tf.constant(i, tf.uint8))) for i in range(5)]
+    sets = np.eye(10, dtype=np.int64)[:5] + np.eye(10, dtype=np.int64)[5:]
+    return tf.data.Dataset.from_tensor_slices({"image": tf.stack(images), "label": sets})
+
+
+def test_label_sets_go_through_the_eval_pipeline_padded(monkeypatch):
+  monkeypatch.setattr(pipeline, "_source", lambda cfg: _LabelSets())
+  cfg = data.get_data_config()
+  cfg.update(image_size=4, value_range=(0.0, 1.0))
+  batches = list(data.eval_iterator(cfg, global_batch_size=8, sharding=sharding.batch_sharding(
+      sharding.make_mesh())))
+  assert len(batches) == 1
+  labels, mask = np.asarray(batches[0]["label"]), np.asarray(batches[0]["mask"])
+  assert labels.shape == (8, 10) and mask.tolist() == [1] * 5 + [0] * 3
+  np.testing.assert_array_equal(labels[:5].argmax(-1), range(5))
+  np.testing.assert_array_equal(labels[:5, 5:], np.eye(5))
+  assert not labels[5:].any()
+
+
+def test_an_unknown_evaluation_is_named():
+  c = tiny_config(("fashion_mnist", None), evals=("imagenet_reel",))
+  with pytest.raises(ConfigError, match="unknown evaluation 'imagenet_reel': one of"):
+    config_lib.validate(c)
+
+
+@pytest.mark.slow
+def test_an_extra_evaluation_runs_beside_the_runs_own(tmp_path, dataset):
+  from vit_jax.train import loop
+  c = tiny_config(dataset, total_steps=2, evals=(("again", dataset[0], "test[:256]"),))
+  metrics = loop.train_and_evaluate(c, str(tmp_path))
+  assert metrics["again_num_examples"] == metrics["num_examples"] == 256
+  assert metrics["again_accuracy"] == metrics["accuracy"]
+  assert metrics["again_loss"] == pytest.approx(metrics["loss"], rel=1e-6)

@@ -1,0 +1,110 @@
+"""The paper's transfer evaluation of checkpoints: `vit-transfer CKPT... --suite S --out_dir D`.
+
+For each checkpoint and task: fine-tuned once per learning rate of the task's grid on a
+held-out part of its train split (the paper's minival; VTAB-1k's 800/200), the best rate
+chosen there, then fine-tuned on the whole train split (VTAB-1k: the 1,000 examples) and
+evaluated on test, with the finetune recipe (SGD momentum 0.9, batch 512, cosine decay,
+clipping at 1, no weight decay, 384 px) and the paper's steps per task.
+
+--suite: vtab1k (the 19 VTAB-1k tasks), paper (ImageNet, CIFAR-10/100, Pets, Flowers),
+imagenet, or task names separated by commas (`--list all` prints them). Any other TFDS
+classification dataset runs with VTAB-1k's protocol (train[:800] / train[800:1000] to choose
+the rate from the paper's grid, then train[:1000] -> test, 2,500 steps).
+CHECKPOINT: anything the project loads (a run's workdir, an .npz, augreg:NAME, ema:RUN).
+
+Writes OUT_DIR/results.csv (one row per run: checkpoint, task, phase, rate, accuracy, wall
+time), results.md (test accuracy at the chosen rate; VTAB-1k group means) and results.png.
+A rerun skips the runs recorded there and resumes a run killed midway; a task that fails
+(e.g. data TFDS cannot download) is named and the others go on (exit status 1).
+"""
+import argparse
+import json
+import pathlib
+import shlex
+from typing import TYPE_CHECKING
+
+from vit_jax import cpu_backend
+from vit_jax.tools import cli
+
+if TYPE_CHECKING:  # The library is imported in main, after the CPU backend's set-up.
+  from vit_jax.transfer import protocol
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+  p = cli.parser("vit-transfer", __doc__)
+  p.add_argument("checkpoints", nargs="*")
+  p.add_argument("--suite", help="vtab1k | paper | imagenet | NAME[,NAME...]")
+  p.add_argument("--out_dir", default="/tmp/vit_transfer")
+  p.add_argument("--list", metavar="SUITE", help="print the tasks of a suite (or `all`)")
+  p.add_argument("--format", choices=("text", "json"), default="text", help="of --list")
+  p.add_argument("--dry_run", action="store_true", help="print the runs, run none")
+  p.add_argument("--image_size", type=int, default=None, help="default: 384")
+  p.add_argument("--batch_size", type=int, default=512)
+  p.add_argument("--steps", type=int, default=None, help="default: the task's (the paper's)")
+  p.add_argument("--warmup_steps", type=int, default=None)
+  p.add_argument("--lr_grid", default=None, help="e.g. 0.001,0.01 (default: the task's)")
+  p.add_argument("--data_dir", default=None, help="TFDS data_dir")
+  p.add_argument("--cpu_devices", type=int, default=None)
+  args = p.parse_args(argv)
+  if args.list is None and not (args.checkpoints and args.suite):
+    p.error("give CHECKPOINT... and --suite (or --list SUITE)")
+  return args
+
+
+def settings_of(args: argparse.Namespace) -> "protocol.Settings":
+  from vit_jax.transfer import protocol
+  grid = tuple(float(x) for x in args.lr_grid.split(",")) if args.lr_grid else None
+  return protocol.Settings(args.image_size, args.batch_size, args.steps, args.warmup_steps,
+                           grid, args.data_dir, args.cpu_devices)
+
+
+def print_list(suite: str, fmt: str) -> None:
+  from vit_jax.data import tasks
+  chosen = list(tasks.TASKS.values()) if suite == "all" else tasks.resolve(suite)
+  if fmt == "json":
+    print(json.dumps([tasks.describe(t) for t in chosen], indent=1))
+    return
+  for t in chosen:
+    print(f"{t.name:36s} {t.tfds_name:48s} {t.num_classes:4d} classes  "
+          f"{t.minitrain} -> {t.minival}; {t.train} -> {t.test}")
+
+
+def dry_run(checkpoints: list[str], task_list: list, settings: "protocol.Settings",
+            out_dir: str) -> None:
+  from vit_jax import checkpoint
+  from vit_jax.transfer import protocol
+  for ckpt in checkpoints:
+    described = checkpoint.describe(ckpt)
+    for task in task_list:
+      for job in protocol.jobs(ckpt, task, settings, out_dir):
+        line = shlex.join(protocol.command(job, settings, described))
+        print(line + ("  # --config.optimizer.lr: the rate chosen on minival"
+                      if job.lr is None else ""))
+
+
+@cli.command
+def main(argv: list[str]) -> int:
+  args = parse_args(argv)
+  cpu_backend.prepare(args.cpu_devices)  # Before JAX starts.
+  from vit_jax.data import tasks
+  from vit_jax.transfer import report, sweep
+  if args.list is not None:
+    print_list(args.list, args.format)
+    return 0
+  task_list = tasks.resolve_or_custom(args.suite)
+  settings = settings_of(args)
+  if args.dry_run:
+    dry_run(args.checkpoints, task_list, settings, args.out_dir)
+    return 0
+  failures = sweep.run(args.checkpoints, task_list, settings, args.out_dir)
+  report.write(args.out_dir, failures)
+  print(pathlib.Path(args.out_dir, "results.md").read_text(), end="")
+  return cli.FAILED if failures else 0
+
+
+def run() -> None:
+  cli.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,139 @@
+"""The paper's fine-tuning protocol (App. B.1.1) as jobs: for each (checkpoint, task), one
+fine-tuning run per learning rate of the task's grid on a held-out part of the train split
+(minitrain -> minival), the best rate chosen on minival, then one run on the whole train
+split with it, evaluated on test. Each run is `vit-train` with the finetune recipe (SGD
+momentum 0.9, batch 512, cosine decay, clipping at 1, no weight decay, 384 px) and the
+task's steps; a job is its config overrides, so the same job runs in-process, prints as a
+command line (--dry_run) or goes to a launcher.
+"""
+import dataclasses
+import hashlib
+import os
+from typing import Any
+
+import ml_collections
+
+from vit_jax import checkpoint, configs, models
+from vit_jax.configs import finetune
+from vit_jax.data import sources, tasks
+
+SELECT, FINAL = "minival", "test"
+# The registry name a checkpoint of an architecture no name has runs under: every field of
+# its own overrides the name's.
+_UNNAMED_BASE = "ViT-B_16"
+# Model fields a fine-tuning run takes from its checkpoint. Not representation_size: the
+# paper replaces the whole head, pre-logits included, when fine-tuning.
+_INHERITED = tuple(f for f in models.registry.DESCRIBED if f != "representation_size")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """What a sweep changes of the protocol (None: the paper's, or the task's)."""
+  image_size: int | None = None  # None: finetune.IMAGE_SIZE (384).
+  batch_size: int = 512
+  steps: int | None = None  # None: the task's (the paper's Table 4).
+  warmup_steps: int | None = None  # None: the recipe's 500, at most a tenth of the steps.
+  lr_grid: tuple[float, ...] | None = None  # None: the task's.
+  data_dir: str | None = None  # TFDS data_dir.
+  cpu_devices: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  checkpoint: str
+  task: tasks.Task
+  phase: str  # SELECT: minitrain -> minival; FINAL: train -> test.
+  lr: float | None  # FINAL's is chosen by the SELECT jobs: None until they are done.
+  workdir: str
+
+  @property
+  def key(self) -> tuple[str, str, str, str]:
+    return (self.checkpoint, self.task.name, self.phase, format_lr(self.lr))
+
+
+def format_lr(lr: float | None) -> str:
+  return "chosen" if lr is None else f"{lr:g}"
+
+
+def lr_grid(task: tasks.Task, settings: Settings) -> tuple[float, ...]:
+  return tuple(settings.lr_grid or task.lr_grid)
+
+
+def run_dir(out_dir: str, ckpt: str, task: tasks.Task, phase: str, lr: float | None) -> str:
+  """out_dir/<checkpoint's base name>-<hash of its path>/<task>/<phase>_lr<lr>."""
+  tag = hashlib.sha1(ckpt.encode()).hexdigest()[:8]
+  name = os.path.basename(ckpt.rstrip("/").removeprefix("ema:")) or "checkpoint"
+  return os.path.join(out_dir, f"{name}-{tag}", task.name.replace("/", "_"),
+                      f"{phase}_lr{format_lr(lr)}")
+
+
+def jobs(ckpt: str, task: tasks.Task, settings: Settings, out_dir: str,
+         chosen: float | None = None) -> list[Job]:
+  """The selection runs, then the final run (with the `chosen` rate once known). A grid of
+  one rate needs no selection."""
+  grid = lr_grid(task, settings)
+  select = [Job(ckpt, task, SELECT, lr, run_dir(out_dir, ckpt, task, SELECT, lr))
+            for lr in grid] if len(grid) > 1 else []
+  final_lr = grid[0] if len(grid) == 1 else chosen
+  return select + [Job(ckpt, task, FINAL, final_lr,
+                       run_dir(out_dir, ckpt, task, FINAL, final_lr))]
+
+
+def choose_lr(accuracies: dict[float, float]) -> float:
+  """The rate with the best minival accuracy; on a tie the smaller rate."""
+  return max(sorted(accuracies), key=lambda lr: accuracies[lr])
+
+
+def model_name(described: checkpoint.Description) -> str:
+  return described.model_name or _UNNAMED_BASE
+
+
+def _model_overrides(described: checkpoint.Description) -> dict[str, Any]:
+  return {f"model.{k}": tuple(v) if isinstance(v, list) else v
+          for k, v in described.model.items() if k in _INHERITED and v is not None}
+
+
+def overrides(job: Job, settings: Settings, described: checkpoint.Description
+              ) -> dict[str, Any]:
+  """The job's fields of the finetune config, by dotted name."""
+  task = job.task
+  steps = settings.steps or task.steps
+  warmup = settings.warmup_steps
+  if warmup is None:
+    warmup = min(finetune.WARMUP_STEPS, steps // 10) if settings.steps else finetune.WARMUP_STEPS
+  train, evaluate = ((task.minitrain, task.minival) if job.phase == SELECT
+                     else (task.train, task.test))
+  named = task.name in tasks.TASKS
+  return {
+      "model_name": model_name(described), **_model_overrides(described),
+      "pretrained": job.checkpoint,
+      "data.name": sources.TASK_PREFIX + task.name if named else task.tfds_name,
+      "data.data_dir": settings.data_dir, "data.train_split": train,
+      "data.eval_split": evaluate,
+      "data.image_size": settings.image_size or finetune.IMAGE_SIZE,
+      "batch_size": settings.batch_size, "total_steps": steps, "warmup_steps": warmup,
+      "optimizer.lr": job.lr, "eval_every_steps": None, "cpu_devices": settings.cpu_devices,
+  }
+
+
+def config(job: Job, settings: Settings, described: checkpoint.Description
+           ) -> ml_collections.ConfigDict:
+  """The finetune config with the job's overrides."""
+  c = configs.get_config(f"finetune:{models.registry.short_name(model_name(described))},"
+                         f"{job.task.tfds_name.split(':')[0]}")
+  for key, value in overrides(job, settings, described).items():
+    *parents, leaf = key.split(".")
+    target = c
+    for p in parents:
+      target = target[p]
+    target[leaf] = value
+  return c
+
+
+def command(job: Job, settings: Settings, described: checkpoint.Description) -> list[str]:
+  """The job as a `vit-train` command line."""
+  model = models.registry.short_name(model_name(described))
+  flags = [f"--config.{k}={v}" for k, v in overrides(job, settings, described).items()
+           if v is not None and k != "model_name"]
+  return ["vit-train", "--config", f"finetune:{model},{job.task.tfds_name.split(':')[0]}",
+          "--workdir", job.workdir, *flags]
