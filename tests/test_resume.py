@@ -119,14 +119,14 @@ def test_the_command_line_unit_replaces_the_config_files_other_unit(tmp_path, da
 
 @pytest.mark.slow
 def test_random_kills_and_damage_lose_nothing(tmp_path, dataset):
-  """kill -9 at five seeded random moments (mid-save included) and three kinds of damage to
+  """kill -9 at four seeded random moments (mid-save included) and three kinds of damage to
   the newest step: every rerun resumes from the newest step that verifies, and the per-step
-  losses end equal to an uninterrupted run's."""
+  losses end equal to an uninterrupted run's (run beside the first)."""
   flags = ("--config.total_steps=200", "--config.checkpoint_every_steps=5",
            "--config.log_every_steps=1")
-  full = run_cli(cli(tmp_path / "full", dataset, *flags))
-  assert full.returncode == 0, full.stderr[-3000:]
-  expected = losses_by_step(tmp_path / "full")
+  full_log = open(tmp_path / "full.log", "w")  # Not a pipe: nobody reads it until the end.
+  full = subprocess.Popen(cli(tmp_path / "full", dataset, *flags), env=cpu_env(), cwd=REPO,
+                          stdout=subprocess.DEVNULL, stderr=full_log)
   rng = random.Random(1234)
   workdir = tmp_path / "run"
   saved = lambda: steps_in(workdir) if (workdir / "checkpoints").is_dir() else []  # noqa: E731
@@ -136,7 +136,7 @@ def test_random_kills_and_damage_lose_nothing(tmp_path, dataset):
     before = (saved() or [0])[-1]
     proc = subprocess.Popen(cli(workdir, dataset, *flags), env=cpu_env(), cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if kills < 5:
+    if kills < 4:
       # Once this run has saved a step (start-up speed varies), a random moment in the
       # steps and saves that follow.
       t0 = time.time()
@@ -156,7 +156,11 @@ def test_random_kills_and_damage_lose_nothing(tmp_path, dataset):
       how = ("bitflip", "truncate", "delete")[len(damaged)]
       damage(workdir / "checkpoints" / str(steps[-1]), how, rng)
       damaged.append((steps[-1], how))
-  assert kills >= 5 and len(damaged) == 3, (kills, damaged)
+  assert kills >= 4 and len(damaged) == 3, (kills, damaged)
+  full.wait(timeout=600)
+  full_log.close()
+  assert full.returncode == 0, (tmp_path / "full.log").read_text()[-3000:]
+  expected = losses_by_step(tmp_path / "full")
   corrupt = sorted(p.name for p in (workdir / "checkpoints").iterdir() if ".corrupt" in p.name)
   assert len(corrupt) == 3, corrupt
   after = losses_by_step(workdir)

@@ -73,20 +73,25 @@ AUGREG_FLAGS = ("--config.data.randaug_layers=2", "--config.data.randaug_magnitu
 @pytest.mark.parametrize("sig,flags", [(signal.SIGTERM, ()), (signal.SIGKILL, AUGREG_FLAGS)],
                          ids=["SIGTERM", "SIGKILL_augreg"])
 def test_killed_run_resumes_to_the_same_losses(tmp_path, dataset, sig, flags):
-  full = run_cli(cli(tmp_path / "full", dataset, "--config.total_steps=40", *flags))
-  assert full.returncode == 0, full.stderr[-3000:]
-  expected = read_scalars(tmp_path / "full", "train_loss")
-
+  start = lambda workdir, stderr: subprocess.Popen(  # noqa: E731
+      cli(workdir, dataset, "--config.total_steps=40", *flags), env=cpu_env(), cwd=REPO,
+      stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+  # The uninterrupted reference, beside the killed run; its log in a file nobody reads until
+  # the end (a pipe could fill and stop it).
+  full_log = open(tmp_path / "full.log", "w")
+  full = start(tmp_path / "full", full_log)
   workdir = tmp_path / "killed"
-  proc = subprocess.Popen(cli(workdir, dataset, "--config.total_steps=40", *flags),
-                          env=cpu_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True)
+  proc = start(workdir, subprocess.PIPE)
   _wait_for(workdir / "checkpoints" / "8", proc)
   proc.send_signal(sig)
   _, stderr = proc.communicate(timeout=120)
   if sig == signal.SIGTERM:
     assert proc.returncode == 0, stderr[-3000:]
     assert "Preempted: saved step" in stderr
+  full.wait(timeout=600)
+  full_log.close()
+  assert full.returncode == 0, (tmp_path / "full.log").read_text()[-3000:]
+  expected = read_scalars(tmp_path / "full", "train_loss")
   resumed = run_cli(cli(workdir, dataset, "--config.total_steps=40", *flags))
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert "Resumed from" in resumed.stderr
