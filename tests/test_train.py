@@ -88,9 +88,8 @@ def test_killed_run_resumes_to_the_same_losses(tmp_path, dataset, sig, flags):
   if sig == signal.SIGTERM:
     assert proc.returncode == 0, stderr[-3000:]
     assert "Preempted: saved step" in stderr
-  full.wait(timeout=600)
-  full_log.close()
-  assert full.returncode == 0, (tmp_path / "full.log").read_text()[-3000:]
+  full_log.close()  # The child writes to its own copy of the file.
+  assert full.wait(timeout=600) == 0, (tmp_path / "full.log").read_text()[-3000:]
   expected = read_scalars(tmp_path / "full", "train_loss")
   resumed = run_cli(cli(workdir, dataset, "--config.total_steps=40", *flags))
   assert resumed.returncode == 0, resumed.stderr[-3000:]
