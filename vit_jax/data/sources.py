@@ -19,6 +19,7 @@ import tensorflow_datasets as tfds
 
 from vit_jax.data import fashion_mnist
 from vit_jax.data import preprocess
+from vit_jax.data import tasks
 
 # How a user sets each data option, in the config's terms. A command line with flags of its
 # own words the same errors in its terms: DataOptionError.worded (vit_jax/tools/fewshot.py).
@@ -302,7 +303,6 @@ def get_source(name: str, data_dir: str | None, download: bool, on_bad_image: st
   if is_folder(name):
     return FolderSource(name, on_bad_image, class_split, allow_class_mismatch)
   if name.startswith(TASK_PREFIX):
-    from vit_jax.data import tasks  # tasks imports this module's errors
     return TfdsSource(name, data_dir, download, tasks.get(name.removeprefix(TASK_PREFIX)))
   return TfdsSource(name, data_dir, download)
 
