@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 from vit_jax import configs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+LOCAL_HOSTS = ("localhost", "127.0.0.1")  # Run here, without ssh.
 
 
 class LaunchError(ValueError):
@@ -26,6 +27,19 @@ def check_config(spec: str) -> tuple[pathlib.Path | None, str]:
   return None if configs.is_name(spec) else path, "" if arg is None else f":{arg}"
 
 
+def env_pairs(env: Sequence[str]) -> list[str]:
+  for pair in env:
+    if "=" not in pair or not pair.split("=", 1)[0].isidentifier():
+      raise LaunchError(f"--env {pair!r}: expected NAME=VALUE.")
+  return list(env)
+
+
+def stream(prefix: str, pipe) -> None:
+  for line in pipe:
+    sys.stdout.write(f"{prefix}{line}")
+    sys.stdout.flush()
+
+
 def add_common_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--dry-run", action="store_true",
                       help="print the commands, one per line, instead of running them")
@@ -34,6 +48,20 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
 def add_overrides(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("overrides", nargs="*", metavar="-- --config.FIELD=VALUE",
                       help="after `--`: more flags for vit-train, e.g. --config.batch_size=64")
+
+
+def add_slurm_flags(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("--gpus-per-node", type=int, default=8)
+  parser.add_argument("--partition")
+  parser.add_argument("--account")
+  parser.add_argument("--time", help="time limit, e.g. 24:00:00")
+  parser.add_argument("--job-name", default="vit_jax")
+
+
+def slurm_options(args: argparse.Namespace) -> list[str]:
+  """--partition, --account and --time as given (srun and sbatch take them alike)."""
+  return [f"--{k}={v}" for k, v in (("partition", args.partition), ("account", args.account),
+                                     ("time", args.time)) if v]
 
 
 def execute(commands: Sequence[Sequence[str]], dry_run: bool) -> None:

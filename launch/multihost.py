@@ -29,15 +29,6 @@ if __package__ in (None, ""):  # Run as a file: python launch/multihost.py.
 from launch import common  # noqa: E402
 from launch.common import LaunchError  # noqa: E402
 
-LOCAL_HOSTS = ("localhost", "127.0.0.1")
-
-
-def _env_pairs(env: Sequence[str]) -> list[str]:
-  for pair in env:
-    if "=" not in pair or not pair.split("=", 1)[0].isidentifier():
-      raise LaunchError(f"--env {pair!r}: expected NAME=VALUE.")
-  return list(env)
-
 
 def _train_args(args: argparse.Namespace, config: str) -> list[str]:
   workdir = args.workdir if "://" in args.workdir else os.path.abspath(args.workdir)
@@ -51,9 +42,8 @@ def slurm_commands(args: argparse.Namespace) -> list[list[str]]:
   not be bound to GPUs (--gpu-bind=none) and one task per node would use a single GPU.
   """
   config, arg = common.check_config(args.config)
-  env = _env_pairs(args.env)
-  options = [f"--{k}={v}" for k, v in (("partition", args.partition), ("account", args.account),
-                                       ("time", args.time), ("job-name", args.job_name)) if v]
+  env = common.env_pairs(args.env)
+  options = [*common.slurm_options(args), f"--job-name={args.job_name}"]
   srun = ["srun", f"--nodes={args.nodes}", f"--ntasks-per-node={args.gpus_per_node}",
           f"--gpus-per-node={args.gpus_per_node}", "--gpu-bind=none", "--kill-on-bad-exit=1",
           *options, f"--export={','.join(['ALL', *env])}", f"--chdir={common.REPO}",
@@ -73,11 +63,11 @@ def _remote_path(path: pathlib.Path, remote_repo: str) -> str:
 def hosts_commands(args: argparse.Namespace) -> list[list[str]]:
   """One command per host: local ones run directly, others through ssh."""
   config, arg = common.check_config(args.config)
-  env = _env_pairs(args.env)
+  env = common.env_pairs(args.env)
   hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
   if not hosts:
     raise LaunchError("--hosts is empty: give host names separated by commas.")
-  local = [h in LOCAL_HOSTS for h in hosts]
+  local = [h in common.LOCAL_HOSTS for h in hosts]
   if local[0] and not all(local):
     raise LaunchError(f"--hosts {args.hosts}: the remote hosts cannot reach host 0 as "
                       f"{hosts[0]}; name it as they know it.")
@@ -100,12 +90,6 @@ def hosts_commands(args: argparse.Namespace) -> list[list[str]]:
   return commands
 
 
-def _stream(prefix: str, pipe) -> None:
-  for line in pipe:
-    sys.stdout.write(f"{prefix}{line}")
-    sys.stdout.flush()
-
-
 def run_processes(commands: Sequence[Sequence[str]]) -> int:
   """Starts all commands at once and prefixes their output with [i]; when one fails,
   stops the others. Returns the exit code of the first to fail (128 + N for signal N), or 0."""
@@ -115,7 +99,7 @@ def run_processes(commands: Sequence[Sequence[str]]) -> int:
     p = subprocess.Popen(cmd, cwd=common.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          stdin=subprocess.DEVNULL, text=True, errors="replace")
     procs.append(p)
-    threads.append(threading.Thread(target=_stream, args=(f"[{i}] ", p.stdout), daemon=True))
+    threads.append(threading.Thread(target=common.stream, args=(f"[{i}] ", p.stdout), daemon=True))
     threads[-1].start()
   codes: dict[int, int] = {}
   first_failure = 0  # In the order the processes ended: those stopped after it do not count.
@@ -168,11 +152,7 @@ def parser() -> argparse.ArgumentParser:
   sub = p.add_subparsers(dest="mode", required=True)
   slurm = sub.add_parser("slurm", help="srun, one task per GPU")
   slurm.add_argument("--nodes", type=int, required=True)
-  slurm.add_argument("--gpus-per-node", type=int, default=8)
-  slurm.add_argument("--partition")
-  slurm.add_argument("--account")
-  slurm.add_argument("--time", help="time limit, e.g. 24:00:00")
-  slurm.add_argument("--job-name", default="vit_jax")
+  common.add_slurm_flags(slurm)
   slurm.add_argument("--srun-args", help="more srun options, e.g. '--exclusive --mem=0'")
   hosts = sub.add_parser("hosts", help="one process per host (ssh; localhost runs here)")
   hosts.add_argument("--hosts", required=True, help="host0,host1,...: host 0 coordinates")

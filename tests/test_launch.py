@@ -233,6 +233,24 @@ def test_the_first_failure_is_the_exit_status_whatever_the_order():
   assert multihost.run_processes([sleeper, killed]) == 128 + 9
 
 
+def test_independent_jobs_all_run_past_a_failure_then_the_last_step(tmp_path):
+  """Three jobs on two slots: the one that fails stops none of the others, the --then
+  command runs after all of them, and the first failure is the exit status."""
+  from launch import jobs
+  log = tmp_path / "order"
+  job = lambda name, code: [sys.executable, "-c", (  # noqa: E731
+      f"import sys, time; time.sleep(0.3); open({str(log)!r}, 'a').write('{name} '); "
+      f"sys.exit({code})")]
+  assert jobs.run_on_hosts(["localhost"] * 2, [job("a", 0), job("b", 4), job("c", 0)],
+                           then=job("then", 0)) == 4
+  order = log.read_text().split()
+  assert sorted(order[:3]) == ["a", "b", "c"] and order[3] == "then"
+  empty = subprocess.run([sys.executable, str(REPO / "launch" / "jobs.py"), "hosts", "--tool",
+                          "transfer", "--hosts", "localhost"], input="\n", capture_output=True,
+                         text=True, timeout=60)
+  assert empty.returncode == 2 and "no jobs" in empty.stderr
+
+
 @pytest.mark.slow
 def test_two_local_processes_train_to_the_end(tmp_path, dataset):
   import socket

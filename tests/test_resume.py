@@ -119,8 +119,8 @@ def test_the_command_line_unit_replaces_the_config_files_other_unit(tmp_path, da
 
 @pytest.mark.slow
 def test_random_kills_and_damage_lose_nothing(tmp_path, dataset):
-  """kill -9 at four seeded random moments (mid-save included) and three kinds of damage to
-  the newest step: every rerun resumes from the newest step that verifies, and the per-step
+  """kill -9 at three seeded random moments (mid-save included), each followed by a kind of
+  damage to the newest step (bitflip, truncation, deletion): every rerun resumes from the newest step that verifies, and the per-step
   losses end equal to an uninterrupted run's (run beside the first)."""
   flags = ("--config.total_steps=200", "--config.checkpoint_every_steps=5",
            "--config.log_every_steps=1")
@@ -136,7 +136,7 @@ def test_random_kills_and_damage_lose_nothing(tmp_path, dataset):
     before = (saved() or [0])[-1]
     proc = subprocess.Popen(cli(workdir, dataset, *flags), env=cpu_env(), cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if kills < 4:
+    if kills < 3:
       # Once this run has saved a step (start-up speed varies), a random moment in the
       # steps and saves that follow.
       t0 = time.time()
@@ -156,7 +156,7 @@ def test_random_kills_and_damage_lose_nothing(tmp_path, dataset):
       how = ("bitflip", "truncate", "delete")[len(damaged)]
       damage(workdir / "checkpoints" / str(steps[-1]), how, rng)
       damaged.append((steps[-1], how))
-  assert kills >= 4 and len(damaged) == 3, (kills, damaged)
+  assert kills >= 3 and len(damaged) == 3, (kills, damaged)
   full_log.close()  # The child writes to its own copy of the file.
   assert full.wait(timeout=600) == 0, (tmp_path / "full.log").read_text()[-3000:]
   expected = losses_by_step(tmp_path / "full")

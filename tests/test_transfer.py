@@ -3,6 +3,12 @@ Fashion-MNIST (selection on minival, the final run on test, a failing task named
 others run, a rerun that skips what is done), the task list and the dry run."""
 import csv
 import json
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -10,7 +16,7 @@ import pytest
 
 from vit_jax import checkpoint, models
 from vit_jax.data import tasks
-from vit_jax.tools import transfer
+from vit_jax.tools import cli, transfer
 from vit_jax.transfer import paper_results, protocol, report
 
 TINY = dict(patch_size=7, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2)
@@ -76,32 +82,100 @@ def test_a_dry_run_prints_each_run(tiny_npz, capsys):
   assert lines[2].endswith("# --config.optimizer.lr: the rate chosen on minival")
 
 
+def rows_of(out_dir, task: str) -> list[dict[str, str]]:
+  with open(out_dir / "results.csv") as f:
+    return [r for r in csv.DictReader(f) if r["task"] == task]
+
+
 @pytest.mark.slow
-def test_a_sweep_chooses_the_rate_goes_past_a_failure_and_resumes(tmp_path, dataset, tiny_npz,
-                                                                  capsys):
+def test_a_launched_sweep_goes_past_a_failure_then_a_rerun_chooses_the_rate_and_resumes(
+    tmp_path, dataset, tiny_npz, capfd, monkeypatch):
+  """Launched on two local slots, the two tasks run side by side as processes of their own
+  and the report merges their rows; a rerun here with a grid of two rates selects on minival
+  and takes the final run, killed before its row was written, from its complete workdir."""
   _, data_dir = dataset
   flags = [tiny_npz, "--suite", "vtab1k/dtd,fashion_mnist", "--out_dir", str(tmp_path),
-           "--image_size=28", "--batch_size=32", "--steps=30", "--lr_grid=0.0001,0.1",
-           "--data_dir", data_dir]
-  assert transfer.main(flags) == 1  # dtd is not in data_dir: named, the others run.
-  out = capsys.readouterr().out
-  assert "vtab1k/dtd" in out and "not prepared" in out
-  with open(tmp_path / "results.csv") as f:
-    rows = [r for r in csv.DictReader(f) if r["task"] == "fashion_mnist"]
-  assert [(r["phase"], r["lr"], r["status"]) for r in rows] == [
-      ("minival", "0.0001", "ok"), ("minival", "0.1", "ok"), ("test", "0.1", "ok")]
-  assert float(rows[1]["accuracy"]) > float(rows[0]["accuracy"])
-  assert float(rows[2]["accuracy"]) > 0.2  # Chance: 0.1; 30 steps from a random init.
+           "--image_size=28", "--batch_size=32", "--steps=30", "--data_dir", data_dir]
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")  # The jobs'.
+  assert transfer.main([*flags, "--lr_grid=0.1", "--launch", "hosts", "--",
+                        "--hosts", "localhost,localhost"]) == 1  # dtd is not in data_dir.
+  out = capfd.readouterr().out
+  started = re.findall(r"\[launch\] job (\d) on localhost: .* --suite (\S+) ", out)
+  assert sorted(started) == [("0", "vtab1k/dtd"), ("1", "fashion_mnist")]
+  assert "[launch] then:" in out and "--report_only" in out
+  assert "vtab1k/dtd: failed: " in out and "not prepared" in out
+  [final] = rows_of(tmp_path, "fashion_mnist")
+  assert (final["phase"], final["lr"], final["status"]) == ("test", "0.1", "ok")
+  assert float(final["accuracy"]) > 0.2  # Chance: 0.1; 30 steps from a random init.
   assert "fashion_mnist | custom | 0.1 |" in (tmp_path / "results.md").read_text()
   assert (tmp_path / "results.png").stat().st_size > 0
 
-  # Killed before the final run's row was written: a rerun runs that one (its workdir is
-  # complete, so it reports its result) and the failed task again, nothing else.
-  with open(tmp_path / "results.csv") as f:
-    lines = f.readlines()
-  (tmp_path / "results.csv").write_text("".join(l for l in lines if ",test,0.1," not in l))
-  assert transfer.main(flags) == 1
-  with open(tmp_path / "results.csv") as f:
-    after = list(csv.DictReader(f))
-  assert [r["task"] for r in after].count("fashion_mnist") == 3
-  assert [r["task"] for r in after].count("vtab1k/dtd") == 2
+  task_rows = pathlib.Path(final["workdir"]).parent / "rows.csv"
+  task_rows.write_text(task_rows.read_text().splitlines(keepends=True)[0])  # Header only.
+  assert transfer.main([*flags, "--lr_grid=0.0001,0.1"]) == 1
+  assert "vtab1k/dtd" in capfd.readouterr().out
+  rows = rows_of(tmp_path, "fashion_mnist")
+  assert [(r["phase"], r["lr"], r["status"]) for r in rows] == [
+      ("minival", "0.0001", "ok"), ("minival", "0.1", "ok"), ("test", "0.1", "ok")]
+  assert float(rows[1]["accuracy"]) > float(rows[0]["accuracy"])
+  assert rows[2]["accuracy"] == final["accuracy"]  # The same checkpoint, evaluated again.
+  assert len(rows_of(tmp_path, "vtab1k/dtd")) == 2
+  assert transfer.main(["--report_only", "--out_dir", str(tmp_path)]) == 1
+  assert "| fashion_mnist | custom | 0.1 |" in capfd.readouterr().out
+
+
+FAKE_SBATCH = """#!{python}
+import json, os, sys
+with open(os.environ["SBATCH_LOG"], "a") as f:
+  f.write(json.dumps(sys.argv[1:]) + "\\n")
+print(f"{{sum(1 for _ in open(os.environ['SBATCH_LOG'])) + 100}};cluster")
+"""
+
+
+def test_slurm_gets_a_job_per_task_and_a_report_after_them(tmp_path, tiny_npz, monkeypatch,
+                                                          capfd):
+  """Submitted through an sbatch that records its arguments: the printed script submits the
+  same jobs, the report's job waits for the ids sbatch gave."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  (bin_dir / "sbatch").write_text(FAKE_SBATCH.format(python=sys.executable))
+  (bin_dir / "sbatch").chmod(0o755)
+  monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+  flags = [tiny_npz, "--suite", "vtab1k/dtd,fashion_mnist", "--out_dir", str(tmp_path / "out"),
+           "--steps=30", "--launch", "slurm"]
+  submitted = []
+  for dry in (False, True):
+    log = tmp_path / f"sbatch_{dry}.jsonl"
+    monkeypatch.setenv("SBATCH_LOG", str(log))
+    capfd.readouterr()
+    assert transfer.main([*flags, *(["--dry_run"] if dry else []), "--",
+                          "--partition", "gpu"]) == 0
+    if dry:
+      subprocess.run(["bash", "-e", "-c", capfd.readouterr().out], check=True)
+    submitted.append([json.loads(line) for line in log.read_text().splitlines()])
+  assert submitted[0] == submitted[1]
+  *tasks_, report_job = submitted[0]
+  wraps = [shlex.split(job[job.index("--wrap") + 1]) for job in tasks_]
+  assert [w[w.index("--suite") + 1] for w in wraps] == ["vtab1k/dtd", "fashion_mnist"]
+  assert all(w[1:4] == ["-m", "vit_jax.tools.transfer", tiny_npz] for w in wraps)
+  assert all("--partition=gpu" in job and "--gpus-per-node=8" in job for job in tasks_)
+  assert "--dependency=afterany:101:102" in report_job
+  assert shlex.split(report_job[-1])[3:] == ["--report_only", "--out_dir", str(tmp_path / "out")]
+
+
+def test_tpu_vms_each_run_their_share_then_the_report(tiny_npz, capfd):
+  flags = ["augreg:B_16", "--suite", "vtab1k/dtd,vtab1k/svhn,fashion_mnist", "--out_dir",
+           "gs://b/vtab", "--launch", "tpu_vm", "--dry_run", "--", "--names", "vit-a,vit-b",
+           "--zone", "us-central2-b", "--accelerator-type"]
+  assert transfer.main([*flags, "v4-8"]) == 0
+  chains = [shlex.split(line) for line in capfd.readouterr().out.splitlines()]
+  assert [c[c.index("ssh") + 1] for c in chains] == ["vit-a", "vit-b"]
+  remote = [shlex.split(c[c.index("--command") + 1]) for c in chains]
+  shares = [shlex.split(r[r.index("-c") + 1]) for r in remote]
+  suites = [[s[i + 1] for i, w in enumerate(s) if w == "--suite"] for s in shares]
+  assert suites == [["vtab1k/dtd", "fashion_mnist"], ["vtab1k/svhn"]]
+  assert all(s[-3:] == ["--report_only", "--out_dir", "gs://b/vtab"] for s in shares)
+  assert transfer.main([*flags, "v4-32"]) == cli.USAGE  # A pod slice: 4 workers.
+  assert "single-host TPU VMs" in capfd.readouterr().err
+  assert transfer.main([tiny_npz, *flags[1:4], "/tmp/vtab", *flags[5:], "v4-8"]) == cli.USAGE
+  assert f"on this machine: {tiny_npz}" in capfd.readouterr().err

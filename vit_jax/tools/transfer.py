@@ -16,13 +16,25 @@ Writes OUT_DIR/results.csv (one row per run: checkpoint, task, phase, rate, accu
 time), results.md (test accuracy at the chosen rate; VTAB-1k group means) and results.png.
 A rerun skips the runs recorded there and resumes a run killed midway; a task that fails
 (e.g. data TFDS cannot download) is named and the others go on (exit status 1).
+
+--launch slurm|hosts|tpu_vm -- FLAGS: one job per (checkpoint, task), each this command for
+that task alone, handed to launch/jobs.py of the repository with FLAGS (e.g. `--partition
+gpu`; `python launch/jobs.py TARGET --help` lists them), then a --report_only run once all
+have ended. The jobs share OUT_DIR (a shared file system; gs:// on TPU VMs), each task
+writing its own rows, so they run side by side.
 """
 import argparse
 import json
+import os
 import pathlib
 import shlex
+import subprocess
+import sys
 from typing import TYPE_CHECKING
 
+from etils import epath
+
+import vit_jax
 from vit_jax import cpu_backend
 from vit_jax.tools import cli
 
@@ -45,9 +57,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   p.add_argument("--lr_grid", default=None, help="e.g. 0.001,0.01 (default: the task's)")
   p.add_argument("--data_dir", default=None, help="TFDS data_dir")
   p.add_argument("--cpu_devices", type=int, default=None)
+  p.add_argument("--report_only", action="store_true",
+                 help="merge the rows under --out_dir into results.csv, .md and .png; run nothing")
+  p.add_argument("--launch", choices=("slurm", "hosts", "tpu_vm"),
+                 help="a job per (checkpoint, task) through launch/jobs.py; its flags after --")
+  argv, launcher = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (
+      argv, [])
   args = p.parse_args(argv)
-  if args.list is None and not (args.checkpoints and args.suite):
-    p.error("give CHECKPOINT... and --suite (or --list SUITE)")
+  args.launcher_flags = launcher
+  if launcher and not args.launch:
+    p.error(f"flags after -- ({shlex.join(launcher)}) are the launcher's: give --launch")
+  if args.list is None and not args.report_only and not (args.checkpoints and args.suite):
+    p.error("give CHECKPOINT... and --suite (or --list SUITE, or --report_only)")
   return args
 
 
@@ -82,6 +103,50 @@ def dry_run(checkpoints: list[str], task_list: list, settings: "protocol.Setting
                       if job.lr is None else ""))
 
 
+def _shared(path: str) -> str:
+  """A path every job reads alike: a file or folder here made absolute, others (gs://,
+  augreg:NAME) as they are."""
+  prefix = "ema:" if path.startswith("ema:") else ""
+  bare = path.removeprefix(prefix)
+  return prefix + os.path.abspath(bare) if os.path.exists(bare) else path
+
+
+_FORWARDED = ("image_size", "batch_size", "steps", "warmup_steps", "lr_grid", "data_dir",
+              "cpu_devices")
+
+
+def task_jobs(args: argparse.Namespace, task_names: list[str]) -> tuple[list[list[str]],
+                                                                        list[str]]:
+  """The arguments of one vit-transfer run per (checkpoint, task), and of the report's."""
+  if args.launch == "tpu_vm":
+    local = [c for c in args.checkpoints + [args.out_dir]
+             if "://" not in c and os.path.exists(c.removeprefix("ema:"))]
+    if local or not args.out_dir.startswith("gs://"):
+      raise ValueError("--launch tpu_vm: the TPU VMs share no disk with this machine: give "
+                       "--out_dir gs://BUCKET/PATH and checkpoints on gs:// or by zoo name"
+                       + (f" (on this machine: {', '.join(local)})" if local else ""))
+  out_dir = args.out_dir if "://" in args.out_dir else os.path.abspath(args.out_dir)
+  flags = [f"--{k}={getattr(args, k)}" for k in _FORWARDED if getattr(args, k) is not None]
+  jobs = [[_shared(c), "--suite", t, "--out_dir", out_dir, *flags]
+          for c in args.checkpoints for t in task_names]
+  return jobs, ["--report_only", "--out_dir", out_dir]
+
+
+def launch(args: argparse.Namespace, task_names: list[str]) -> int:
+  """Hands the jobs to the repository's launch/jobs.py; its exit status."""
+  script = pathlib.Path(vit_jax.__file__).resolve().parents[1] / "launch" / "jobs.py"
+  if not script.exists():
+    raise OSError(f"--launch runs {script}, which a clone of the repository has (pip "
+                  "installs the package alone): run vit-transfer from a clone's install "
+                  "(`pip install -e .`), or put each `vit-transfer CKPT --suite TASK` in a job "
+                  "of your own, then `vit-transfer --report_only --out_dir DIR`.")
+  jobs, report_args = task_jobs(args, task_names)
+  cmd = [sys.executable, str(script), args.launch, "--tool", "transfer", "--then",
+         shlex.join(report_args), *(["--dry-run"] if args.dry_run else []), *args.launcher_flags]
+  return subprocess.run(cmd, input="".join(shlex.join(j) + "\n" for j in jobs),
+                        text=True).returncode
+
+
 @cli.command
 def main(argv: list[str]) -> int:
   args = parse_args(argv)
@@ -91,14 +156,18 @@ def main(argv: list[str]) -> int:
   if args.list is not None:
     print_list(args.list, args.format)
     return 0
-  task_list = tasks.resolve_or_custom(args.suite)
-  settings = settings_of(args)
-  if args.dry_run:
-    dry_run(args.checkpoints, task_list, settings, args.out_dir)
-    return 0
-  failures = sweep.run(args.checkpoints, task_list, settings, args.out_dir)
-  report.write(args.out_dir, failures)
-  print(pathlib.Path(args.out_dir, "results.md").read_text(), end="")
+  if args.report_only:
+    failures = report.write(args.out_dir)
+  else:
+    task_list = tasks.resolve_or_custom(args.suite)
+    if args.launch:
+      return launch(args, [t.name for t in task_list])
+    settings = settings_of(args)
+    if args.dry_run:
+      dry_run(args.checkpoints, task_list, settings, args.out_dir)
+      return 0
+    failures = sweep.run(args.checkpoints, task_list, settings, args.out_dir)
+  print((epath.Path(args.out_dir) / "results.md").read_text(), end="")
   return cli.FAILED if failures else 0
 
 

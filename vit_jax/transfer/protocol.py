@@ -59,12 +59,15 @@ def lr_grid(task: tasks.Task, settings: Settings) -> tuple[float, ...]:
   return tuple(settings.lr_grid or task.lr_grid)
 
 
-def run_dir(out_dir: str, ckpt: str, task: tasks.Task, phase: str, lr: float | None) -> str:
-  """out_dir/<checkpoint's base name>-<hash of its path>/<task>/<phase>_lr<lr>."""
+def task_dir(out_dir: str, ckpt: str, task: tasks.Task) -> str:
+  """out_dir/<checkpoint's base name>-<hash of its path>/<task>: the task's runs and rows."""
   tag = hashlib.sha1(ckpt.encode()).hexdigest()[:8]
   name = os.path.basename(ckpt.rstrip("/").removeprefix("ema:")) or "checkpoint"
-  return os.path.join(out_dir, f"{name}-{tag}", task.name.replace("/", "_"),
-                      f"{phase}_lr{format_lr(lr)}")
+  return os.path.join(out_dir, f"{name}-{tag}", task.name.replace("/", "_"))
+
+
+def run_dir(out_dir: str, ckpt: str, task: tasks.Task, phase: str, lr: float | None) -> str:
+  return os.path.join(task_dir(out_dir, ckpt, task), f"{phase}_lr{format_lr(lr)}")
 
 
 def jobs(ckpt: str, task: tasks.Task, settings: Settings, out_dir: str,

@@ -1,14 +1,15 @@
-"""A sweep's results.csv as a Markdown table and a figure: each (checkpoint, task)'s test
+"""A sweep's rows merged into results.csv, a Markdown table and a figure: each (checkpoint, task)'s test
 accuracy at the learning rate chosen on minival, beside the paper's number for the same model
 (paper_results; every pre-training the paper gives, with its table), and VTAB-1k's group
 means (natural, specialized, structured) and overall mean, unweighted over tasks as the
 paper reports its mean."""
 import os
 
+from etils import epath
 from matplotlib.figure import Figure
 
 from vit_jax.data import tasks
-from vit_jax.transfer import paper_results, protocol, sweep
+from vit_jax.transfer import paper_results, protocol, results
 
 VTAB_GROUPS = ("natural", "specialized", "structured")
 
@@ -16,7 +17,7 @@ VTAB_GROUPS = ("natural", "specialized", "structured")
 def final_accuracies(rows: list[dict[str, str]]) -> dict[tuple[str, str], tuple[float, str]]:
   """(checkpoint, task) -> (test accuracy, the rate it was trained with)."""
   return {(r["checkpoint"], r["task"]): (float(r["accuracy"]), r["lr"]) for r in rows
-          if r["status"] == sweep.OK and r["phase"] == protocol.FINAL}
+          if r["status"] == results.OK and r["phase"] == protocol.FINAL}
 
 
 def vtab_means(finals: dict[tuple[str, str], tuple[float, str]], ckpt: str) -> dict[str, float]:
@@ -56,7 +57,7 @@ def markdown(rows: list[dict[str, str]], failures: dict[tuple[str, str], str]) -
   return "\n".join(lines) + "\n"
 
 
-def figure(rows: list[dict[str, str]], path: str) -> None:
+def figure(rows: list[dict[str, str]], file) -> None:
   """Test accuracy per task, one bar per checkpoint."""
   finals = final_accuracies(rows)
   names = list(dict.fromkeys(t for _, t in finals))
@@ -71,14 +72,25 @@ def figure(rows: list[dict[str, str]], path: str) -> None:
   ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, rotation=45,
                 ha="right")
   ax.set_ylabel("test accuracy (%)")
-  ax.legend(fontsize="small")
+  if ckpts:
+    ax.legend(fontsize="small")
+  else:
+    ax.text(0.5, 0.5, "no test accuracy yet", ha="center", transform=ax.transAxes)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  fig.savefig(file, format="png", dpi=100)
 
 
-def write(out_dir: str, failures: dict[tuple[str, str], str]) -> None:
-  """results.md and results.png beside results.csv."""
-  rows = sweep.read_results(out_dir)
-  with open(os.path.join(out_dir, "results.md"), "w") as f:
-    f.write(markdown(rows, failures))
-  figure(rows, os.path.join(out_dir, "results.png"))
+def write(out_dir: str, failures: dict[tuple[str, str], str] | None = None
+          ) -> dict[tuple[str, str], str]:
+  """results.csv (every task's rows), results.md and results.png in out_dir, from the rows
+  there now; failures: more than the rows tell (a checkpoint that could not be read).
+  Returns every failure, those of the rows (a task whose last run failed) included."""
+  rows = results.read(out_dir)
+  if not rows and not failures:
+    raise ValueError(f"{out_dir} holds no sweep's rows (<checkpoint>/<task>/{results.ROWS})")
+  failures = results.failures(rows) | (failures or {})
+  results.write_merged(out_dir, rows)
+  (epath.Path(out_dir) / "results.md").write_text(markdown(rows, failures))
+  with (epath.Path(out_dir) / "results.png").open("wb") as f:
+    figure(rows, f)
+  return failures

@@ -1,9 +1,7 @@
 """Runs the protocol's jobs over checkpoints and tasks, one after another in this process,
-recording each result in OUT_DIR/results.csv as it ends: a rerun skips what is done (a run
-killed midway resumes from its own checkpoints), and a task that fails is named while the
-sweep goes on with the next."""
-import csv
-import os
+recording each result in its task's rows file as it ends (results.py) and the merged report
+after each task: a rerun skips what is done (a run killed midway resumes from its own
+checkpoints), and a task that fails is named while the sweep goes on with the next."""
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -13,37 +11,13 @@ from absl import logging
 from vit_jax import checkpoint
 from vit_jax.data import tasks
 from vit_jax.train import loop
-from vit_jax.transfer import protocol
-
-FIELDS = ("checkpoint", "model", "task", "suite", "group", "phase", "lr", "accuracy", "steps",
-          "wall_s", "status", "workdir")
-OK = "ok"
+from vit_jax.transfer import protocol, report, results
+from vit_jax.transfer.results import OK
 
 
-def results_path(out_dir: str) -> str:
-  return os.path.join(out_dir, "results.csv")
-
-
-def read_results(out_dir: str) -> list[dict[str, str]]:
-  """The rows written so far (none before the first)."""
-  if not os.path.exists(results_path(out_dir)):
-    return []
-  with open(results_path(out_dir), newline="") as f:
-    return list(csv.DictReader(f))
-
-
-def _append(out_dir: str, row: dict[str, object]) -> None:
-  os.makedirs(out_dir, exist_ok=True)
-  new = not os.path.exists(results_path(out_dir))
-  with open(results_path(out_dir), "a", newline="") as f:
-    writer = csv.DictWriter(f, FIELDS)
-    if new:
-      writer.writeheader()
-    writer.writerow(row)
-
-
-def _key(row: dict[str, str]) -> tuple[str, str, str, str]:
-  return (row["checkpoint"], row["task"], row["phase"], row["lr"])
+def _done(task_dir: str) -> set[tuple[str, str, str, str]]:
+  return {(r["checkpoint"], r["task"], r["phase"], r["lr"])
+          for r in results.task_rows(task_dir) if r["status"] == OK}
 
 
 def _one_line(e: BaseException) -> str:
@@ -52,7 +26,7 @@ def _one_line(e: BaseException) -> str:
 
 def run_job(job: protocol.Job, settings: protocol.Settings,
             described: checkpoint.Description, out_dir: str) -> dict[str, object]:
-  """Fine-tunes and evaluates one job; its row, appended to results.csv."""
+  """Fine-tunes and evaluates one job; its row, appended to the task's rows."""
   c = protocol.config(job, settings, described)
   t0 = time.time()
   row = {"checkpoint": job.checkpoint, "model": described.model_name or "",
@@ -68,11 +42,11 @@ def run_job(job: protocol.Job, settings: protocol.Settings,
     logging.error("%s on %s failed: %s%s", job.checkpoint, job.task.name, _one_line(e), detail)
     row |= {"accuracy": "", "status": f"failed: {_one_line(e)}"}
   row["wall_s"] = f"{time.time() - t0:.1f}"
-  _append(out_dir, row)
+  results.append(protocol.task_dir(out_dir, job.checkpoint, job.task), row)
   return row
 
 
-def _selected(rows: list[dict[str, str]], ckpt: str, task: tasks.Task) -> dict[float, float]:
+def _selected(rows: list[results.Row], ckpt: str, task: tasks.Task) -> dict[float, float]:
   return {float(r["lr"]): float(r["accuracy"]) for r in rows
           if r["status"] == OK and (r["checkpoint"], r["task"], r["phase"]) ==
           (ckpt, task.name, protocol.SELECT)}
@@ -81,17 +55,18 @@ def _selected(rows: list[dict[str, str]], ckpt: str, task: tasks.Task) -> dict[f
 def run_task(ckpt: str, task: tasks.Task, settings: protocol.Settings, out_dir: str,
              described: checkpoint.Description, log: Callable[[str], None]) -> str | None:
   """The task's selection runs, then its final run, each unless done; None, or why it failed."""
+  task_dir = protocol.task_dir(out_dir, ckpt, task)
   for job in protocol.jobs(ckpt, task, settings, out_dir)[:-1]:
-    if job.key in {_key(r) for r in read_results(out_dir) if r["status"] == OK}:
+    if job.key in _done(task_dir):
       continue
     row = run_job(job, settings, described, out_dir)
     log(f"{task.name} lr={row['lr']} on {job.phase}: {row['accuracy'] or row['status']}")
     if row["status"] != OK:
       return str(row["status"])
-  selected = _selected(read_results(out_dir), ckpt, task)
+  selected = _selected(results.task_rows(task_dir), ckpt, task)
   chosen = protocol.choose_lr(selected) if selected else None
   final = protocol.jobs(ckpt, task, settings, out_dir, chosen)[-1]
-  if final.key in {_key(r) for r in read_results(out_dir) if r["status"] == OK}:
+  if final.key in _done(task_dir):
     return None
   row = run_job(final, settings, described, out_dir)
   log(f"{task.name} lr={row['lr']} on {final.phase}: {row['accuracy'] or row['status']}")
@@ -101,7 +76,8 @@ def run_task(ckpt: str, task: tasks.Task, settings: protocol.Settings, out_dir: 
 def run(checkpoints: Sequence[str], task_list: Sequence[tasks.Task],
         settings: protocol.Settings, out_dir: str,
         log: Callable[[str], None] = print) -> dict[tuple[str, str], str]:
-  """Every (checkpoint, task); returns the failures, (checkpoint, task name) -> why."""
+  """Every (checkpoint, task), the report rewritten after each; returns the failures,
+  (checkpoint, task name) -> why."""
   failures = {}
   for ckpt in checkpoints:
     try:
@@ -112,4 +88,6 @@ def run(checkpoints: Sequence[str], task_list: Sequence[tasks.Task],
     for task in task_list:
       if (why := run_task(ckpt, task, settings, out_dir, described, log)) is not None:
         failures[ckpt, task.name] = why
+      report.write(out_dir, failures)
+  report.write(out_dir, failures)
   return failures

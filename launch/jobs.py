@@ -1,0 +1,236 @@
+"""Independent single-process jobs, one per SLURM node, host or TPU VM: the tasks of a transfer
+sweep (`vit-transfer CKPT --suite vtab1k --out_dir DIR --launch slurm -- FLAGS` hands them
+here), or any list of vit_jax command lines.
+
+  # Each line of standard input: the arguments of one `python -m vit_jax.tools.TOOL` run.
+  python launch/jobs.py slurm --tool transfer --gpus-per-node 8 --partition gpu < JOBS
+  python launch/jobs.py hosts --tool transfer --hosts gpu0,gpu1 < JOBS
+  python launch/jobs.py tpu_vm --tool transfer --names vit-a,vit-b --zone us-central2-b \
+      --accelerator-type v4-8 < JOBS
+
+slurm: one sbatch job per line, on one node with its GPUs, queued side by side.
+hosts: each host takes the next job when its last one ends (name a host twice to run two
+jobs on it at once); localhost runs here, other hosts over ssh, in --remote-repo.
+tpu_vm: single-host TPU VMs made by `launch/tpu_vm.py create` and `setup`; the lines are dealt
+to them in turn, each VM runs its share one after another, detached, logging where
+`launch/tpu_vm.py logs` reads.
+--then ARGS: one more run of the tool once the jobs have ended (a sweep's report): on SLURM a
+job that waits for them all, on hosts after them on the first host, on TPU VMs at the end of
+each VM's share (the VM that finishes last runs it over everything).
+Every job must see the same paths (a shared file system, or gs:// on TPU VMs).
+--dry-run prints the commands (for slurm, a bash script that submits them).
+"""
+import argparse
+import pathlib
+import queue
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+from typing import Sequence
+
+if __package__ in (None, ""):  # Run as a file: python launch/jobs.py.
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from launch import common, tpu_vm  # noqa: E402
+from launch.common import LaunchError  # noqa: E402
+
+
+def read_jobs(lines: Sequence[str]) -> list[list[str]]:
+  jobs = [shlex.split(line) for line in lines if line.strip()]
+  if not jobs:
+    raise LaunchError("no jobs: give one line of arguments per job on standard input.")
+  return jobs
+
+
+def _module(args: argparse.Namespace) -> list[str]:
+  return ["-m", f"vit_jax.tools.{args.tool}"]
+
+
+def slurm_commands(args: argparse.Namespace, jobs: list[list[str]]
+                   ) -> tuple[list[list[str]], list[str] | None]:
+  """An sbatch per job, each printing its job id (--parsable); the --then job, whose
+  --dependency the ids complete (see submit)."""
+  env = common.env_pairs(args.env)
+  sbatch = ["sbatch", "--parsable", "--nodes=1", "--ntasks=1", *common.slurm_options(args),
+            f"--chdir={common.REPO}", f"--export={','.join(['ALL', *env])}",
+            *shlex.split(args.sbatch_args or "")]
+  commands = [[*sbatch, f"--gpus-per-node={args.gpus_per_node}",
+               f"--job-name={args.job_name}-{i}", "--wrap",
+               shlex.join([args.python, *_module(args), *job])] for i, job in enumerate(jobs)]
+  then = None if args.then is None else [
+      *sbatch, f"--job-name={args.job_name}-then", "--dependency=afterany:",
+      "--wrap", shlex.join([args.python, *_module(args), *shlex.split(args.then)])]
+  return commands, then
+
+
+def _dependency(then: list[str], ids: Sequence[str]) -> list[str]:
+  return [f"{a}{':'.join(ids)}" if a == "--dependency=afterany:" else a for a in then]
+
+
+def submit(commands: list[list[str]], then: list[str] | None, dry_run: bool) -> None:
+  """Submits the jobs, then the --then job after them; dry_run prints it as a bash script."""
+  if dry_run:
+    for i, cmd in enumerate(commands):
+      print(f"JOB_{i}=$({shlex.join(cmd)})")
+    if then is not None:
+      # Unquoted, so that bash expands the ids.
+      dependency = _dependency(["--dependency=afterany:"],
+                               [f"${{JOB_{i}%;*}}" for i in range(len(commands))])[0]
+      print(shlex.join(then).replace("--dependency=afterany:", dependency))
+    return
+  ids = []
+  for cmd in commands:
+    print("+ " + shlex.join(cmd), flush=True)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    ids.append(out.strip().split(";")[0])  # --parsable: "id" or "id;cluster".
+    print(f"submitted job {ids[-1]}", flush=True)
+  if then is not None:
+    common.execute([_dependency(then, ids)], dry_run=False)
+
+
+def hosts_commands(args: argparse.Namespace, jobs: list[list[str]]) -> list[tuple[str, list[str]]]:
+  """(host, command) for each job, hosts taken in turn (as the queue deals them when the jobs
+  take equally long), then the --then run on the first host."""
+  hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
+  if not hosts:
+    raise LaunchError("--hosts is empty: give host names separated by commas.")
+  env = common.env_pairs(args.env)
+  remote_repo = args.remote_repo or str(common.REPO)
+
+  def on(host: str, job: list[str]) -> tuple[str, list[str]]:
+    process = [*(["env", *env] if env else []), args.python, *_module(args), *job]
+    if host in common.LOCAL_HOSTS:
+      return host, process
+    return host, ["ssh", "-o", "BatchMode=yes", host,
+                  f"cd {shlex.quote(remote_repo)} && {shlex.join(process)}"]
+
+  placed = [on(hosts[i % len(hosts)], job) for i, job in enumerate(jobs)]
+  return placed + ([on(hosts[0], shlex.split(args.then))] if args.then is not None else [])
+
+
+def _run(prefix: str, cmd: list[str]) -> int:
+  print(f"[launch] {prefix}: {shlex.join(cmd)}", flush=True)
+  p = subprocess.Popen(cmd, cwd=common.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       stdin=subprocess.DEVNULL, text=True, errors="replace")
+  common.stream(f"[{prefix}] ", p.stdout)
+  code = p.wait()
+  print(f"[launch] {prefix} exited with code {code}", flush=True)
+  return code
+
+
+def run_on_hosts(slots: list[str], jobs: list[list[str]], then: list[str] | None) -> int:
+  """Each slot (a host, as often as it is named) runs the next waiting job when free; the
+  --then command after all. Returns the first nonzero exit code, or 0."""
+  waiting: queue.SimpleQueue = queue.SimpleQueue()
+  for i, job in enumerate(jobs):
+    waiting.put((i, job))
+  codes: dict[int, int] = {}
+
+  def slot(host: str) -> None:
+    while True:
+      try:
+        i, job = waiting.get_nowait()
+      except queue.Empty:
+        return
+      codes[i] = _run(f"job {i} on {host}", job)
+
+  threads = [threading.Thread(target=slot, args=(h,), daemon=True) for h in slots]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  ordered = [codes[i] for i in range(len(jobs))]
+  if then is not None:
+    ordered.append(_run("then", then))
+  return next((c for c in ordered if c), 0)
+
+
+def tpu_commands(args: argparse.Namespace, jobs: list[list[str]]) -> list[list[str]]:
+  """One detached chain of jobs per TPU VM (the jobs dealt in turn), --then at each end."""
+  tpu = tpu_vm.resolve_slice(args.accelerator_type, args.zone, None, args.allow_unlisted)
+  if tpu.hosts not in (1, None):
+    raise LaunchError(
+        f"--accelerator-type {args.accelerator_type}: a job is one process, and a pod slice "
+        f"has {tpu.hosts} workers; give single-host TPU VMs (e.g. v4-8, v5litepod-8, v6e-8).")
+  names = [n.strip() for n in args.names.split(",") if n.strip()]
+  if not names:
+    raise LaunchError("--names is empty: give TPU VM names separated by commas.")
+  python = [".venv/bin/python", *_module(args)]
+  then = [] if args.then is None else [shlex.join([*python, *shlex.split(args.then)])]
+  log = tpu_vm.LOG.removeprefix(f"{tpu_vm.REMOTE_DIR}/")
+  commands = []
+  for k, name in enumerate(names):
+    share = [shlex.join([*python, *job]) for job in jobs[k::len(names)]]
+    if not share:
+      continue
+    chain = shlex.quote("; ".join(share + then))
+    start = (f"cd {tpu_vm.REMOTE_DIR} && setsid nohup sh -c {chain} > {log} 2>&1 < /dev/null &")
+    vm = argparse.Namespace(**{**vars(args), "name": name})
+    commands.append(tpu_vm._ssh(vm, tpu.worker_flags, start))
+  return commands
+
+
+def handle(args: argparse.Namespace) -> int:
+  jobs = read_jobs(sys.stdin.readlines())
+  if args.target == "slurm":
+    commands, then = slurm_commands(args, jobs)
+    if not args.dry_run and not shutil.which("sbatch"):
+      raise LaunchError("sbatch not found: run this on a SLURM login node (or use --dry-run).")
+    submit(commands, then, args.dry_run)
+    return 0
+  if args.target == "tpu_vm":
+    commands = tpu_commands(args, jobs)
+    if not args.dry_run and not shutil.which("gcloud"):
+      raise LaunchError("gcloud is not installed: see cloud.google.com/sdk/docs/install "
+                        "(or look at the commands with --dry-run).")
+    common.execute(commands, args.dry_run)
+    return 0
+  placed = hosts_commands(args, jobs)
+  if args.dry_run:
+    common.execute([cmd for _, cmd in placed], dry_run=True)
+    return 0
+  slots = [h.strip() for h in args.hosts.split(",") if h.strip()]
+  then = placed[-1][1] if args.then is not None else None
+  return run_on_hosts(slots, [cmd for _, cmd in placed[:len(jobs)]], then)
+
+
+def parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  sub = p.add_subparsers(dest="target", required=True)
+  slurm = sub.add_parser("slurm", help="an sbatch job per line, one node each")
+  common.add_slurm_flags(slurm)
+  slurm.add_argument("--sbatch-args", help="more sbatch options, e.g. '--mem=0 --exclusive'")
+  hosts = sub.add_parser("hosts", help="a queue of lines over hosts (ssh; localhost runs here)")
+  hosts.add_argument("--hosts", required=True, help="host0,host1,...: a host named twice runs "
+                                                    "two jobs at once")
+  hosts.add_argument("--remote-repo", help="the repository on remote hosts (default: this "
+                                           "one's path)")
+  tpu = sub.add_parser("tpu_vm", help="lines dealt to single-host TPU VMs, detached")
+  tpu.add_argument("--names", required=True, help="TPU VM names, comma-separated")
+  tpu.add_argument("--zone", required=True)
+  tpu.add_argument("--accelerator-type", required=True, help="the VMs' type, e.g. v4-8")
+  tpu.add_argument("--project", help="Google Cloud project (default: gcloud's)")
+  tpu.add_argument("--allow-unlisted", action="store_true",
+                   help="accept a zone or accelerator type missing from tpu_vm.GENERATIONS")
+  for s in (slurm, hosts, tpu):
+    s.add_argument("--tool", required=True, help="the vit_jax.tools module each line runs, "
+                                                 "e.g. transfer")
+    s.add_argument("--then", help="the arguments of one more run once the jobs have ended")
+    common.add_common_flags(s)
+    if s is not tpu:
+      s.add_argument("--python", default=sys.executable,
+                     help="Python with vit_jax installed, wherever a job runs (default: this one)")
+      s.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                     help="environment variable for every job (repeatable)")
+  return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """Submits (or with --dry-run prints) one job per line of standard input."""
+  return common.main(parser(), argv, handle)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

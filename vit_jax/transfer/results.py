@@ -1,0 +1,59 @@
+"""A sweep's record: one rows file per (checkpoint, task), written by the one process that runs
+that task, so that tasks run side by side (`vit-transfer --launch`) never write the same file;
+`results.csv` is their merge. Paths may be local or gs:// (etils.epath)."""
+import csv
+import io
+import uuid
+
+from etils import epath
+
+FIELDS = ("checkpoint", "model", "task", "suite", "group", "phase", "lr", "accuracy", "steps",
+          "wall_s", "status", "workdir")
+OK = "ok"
+ROWS = "rows.csv"  # In a task's folder, out_dir/<checkpoint>/<task>/ (protocol.task_dir).
+MERGED = "results.csv"
+
+Row = dict[str, str]
+
+
+def _read(path: epath.Path) -> list[Row]:
+  return list(csv.DictReader(io.StringIO(path.read_text()))) if path.exists() else []
+
+
+def _write(path: epath.Path, rows: list[dict[str, object]]) -> None:
+  """Writes the whole file under a name of its own, then renames it over the file: a reader
+  never sees half, and writers side by side (the merged file) do not mix."""
+  text = io.StringIO()
+  writer = csv.DictWriter(text, FIELDS, lineterminator="\n")
+  writer.writeheader()
+  writer.writerows(rows)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  partial = path.parent / f".{path.name}.{uuid.uuid4().hex}"
+  partial.write_text(text.getvalue())
+  partial.replace(path)
+
+
+def task_rows(task_dir: str) -> list[Row]:
+  return _read(epath.Path(task_dir) / ROWS)
+
+
+def append(task_dir: str, row: dict[str, object]) -> None:
+  """Adds a row to the task's file (rewritten whole: gs:// cannot append)."""
+  path = epath.Path(task_dir) / ROWS
+  _write(path, [*_read(path), row])
+
+
+def read(out_dir: str) -> list[Row]:
+  """Every task's rows under out_dir, by checkpoint folder and task, each in the order run."""
+  paths = sorted(epath.Path(out_dir).glob(f"*/*/{ROWS}"), key=str)
+  return [row for path in paths for row in _read(path)]
+
+
+def write_merged(out_dir: str, rows: list[Row]) -> None:
+  _write(epath.Path(out_dir) / MERGED, rows)
+
+
+def failures(rows: list[Row]) -> dict[tuple[str, str], str]:
+  """(checkpoint, task) -> why, for each task whose last run failed."""
+  last = {(r["checkpoint"], r["task"]): r["status"] for r in rows}
+  return {key: status for key, status in last.items() if status != OK}
