@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from vit_jax import checkpoint, models
-from vit_jax.data import tasks
+from vit_jax.data import sources, tasks
 from vit_jax.tools import cli, transfer
 from vit_jax.transfer import paper_results, protocol, report
 
@@ -82,6 +82,25 @@ def test_a_dry_run_prints_each_run(tiny_npz, capsys):
   assert lines[2].endswith("# --config.optimizer.lr: the rate chosen on minival")
 
 
+def test_an_image_folder_is_a_task_with_vtab_splits(digits_folder):
+  """minitrain and minival cut the train folder's first 1,000 examples in its reading order,
+  as TFDS slices a split; the task is named by the folder's absolute path."""
+  [task] = tasks.resolve_or_custom(digits_folder)
+  assert (task.name, task.suite, task.tfds_name) == (digits_folder, "custom", digits_folder)
+  source = sources.get_source(task.tfds_name, None, False, "fail")
+  images = {split: list(sources.load_table(source, split, 0, 1, decoded=False)["image"])
+            for split in (task.minitrain, task.minival, task.train, task.test, "train",
+                          "train[-10%:]")}
+  assert [len(images[s]) for s in images] == [800, 200, 1000, 297, 1500, 150]
+  assert images[task.minitrain] + images[task.minival] == images[task.train]
+  assert images["train"][:1000] == images[task.train]
+  assert images["train"][-150:] == images["train[-10%:]"]
+  with pytest.raises(ValueError, match="is empty"):
+    source.meta("train[1500:]")
+  with pytest.raises(ValueError, match=r"expected FOLDER or FOLDER\[START:STOP\]"):
+    source.meta("train[:10]+test")
+
+
 def rows_of(out_dir, task: str) -> list[dict[str, str]]:
   with open(out_dir / "results.csv") as f:
     return [r for r in csv.DictReader(f) if r["task"] == task]
@@ -89,19 +108,25 @@ def rows_of(out_dir, task: str) -> list[dict[str, str]]:
 
 @pytest.mark.slow
 def test_a_launched_sweep_goes_past_a_failure_then_a_rerun_chooses_the_rate_and_resumes(
-    tmp_path, dataset, tiny_npz, capfd, monkeypatch):
-  """Launched on two local slots, the two tasks run side by side as processes of their own
-  and the report merges their rows; a rerun here with a grid of two rates selects on minival
-  and takes the final run, killed before its row was written, from its complete workdir."""
+    tmp_path, dataset, digits_folder, tiny_npz, capfd, monkeypatch):
+  """Launched on two local slots, three tasks (Fashion-MNIST, the digits as an image folder)
+  run side by side as processes of their own, the third when a slot is free, and the report
+  merges their rows; a rerun here with a grid of two rates selects on minival and takes the
+  final run, killed before its row was written, from its complete workdir."""
   _, data_dir = dataset
   flags = [tiny_npz, "--suite", "vtab1k/dtd,fashion_mnist", "--out_dir", str(tmp_path),
            "--image_size=28", "--batch_size=32", "--steps=30", "--data_dir", data_dir]
   monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")  # The jobs'.
+  flags[2] += "," + digits_folder
   assert transfer.main([*flags, "--lr_grid=0.1", "--launch", "hosts", "--",
                         "--hosts", "localhost,localhost"]) == 1  # dtd is not in data_dir.
+  flags[2] = "vtab1k/dtd,fashion_mnist"
   out = capfd.readouterr().out
   started = re.findall(r"\[launch\] job (\d) on localhost: .* --suite (\S+) ", out)
-  assert sorted(started) == [("0", "vtab1k/dtd"), ("1", "fashion_mnist")]
+  assert sorted(started) == [("0", "vtab1k/dtd"), ("1", "fashion_mnist"), ("2", digits_folder)]
+  [digits] = rows_of(tmp_path, digits_folder)
+  assert (digits["phase"], digits["status"]) == ("test", "ok")
+  assert float(digits["accuracy"]) > 0.14  # Chance: 0.1 +- 0.017 on 297 examples.
   assert "[launch] then:" in out and "--report_only" in out
   assert "vtab1k/dtd: failed: " in out and "not prepared" in out
   [final] = rows_of(tmp_path, "fashion_mnist")

@@ -10,6 +10,7 @@ import functools
 import math
 import os
 import random
+import re
 from typing import Any, Mapping
 
 from absl import logging
@@ -173,8 +174,27 @@ def _list_split(split_dir: str) -> tuple[dict[str, list[str]], list[str]]:
   return classes, sorted(loose)
 
 
+_SLICE = re.compile(r"(?P<folder>[^\[\]]+)(\[(?P<start>-?\d+%?)?:(?P<stop>-?\d+%?)?\])?")
+
+
+def _parse_slice(split: str) -> tuple[str, tuple[str | None, str | None] | None]:
+  m = _SLICE.fullmatch(split)
+  if m is None:
+    raise ValueError(f"split {split!r}: expected FOLDER or FOLDER[START:STOP] (examples or "
+                     "percent, e.g. train[:800], train[10%:])")
+  return m["folder"], None if m.group(2) is None else (m["start"], m["stop"])
+
+
+def _absolute(bound: str | None, n: int) -> int | None:
+  """A slice bound in examples; percent rounded to the closest example, as TFDS does."""
+  if bound is None or not bound.endswith("%"):
+    return None if bound is None else int(bound)
+  return int(round(int(bound[:-1]) * n / 100))
+
+
 class FolderSource:
-  """Images in ROOT/<split>/<class>/, any format TF decodes; labels: sorted classes.
+  """Images in ROOT/<split>/<class>/, any format TF decodes; labels: sorted classes. A split
+  is a folder or a slice of one in TFDS's syntax (train[:800], train[90%:]).
 
   The class folders of `class_split` (the train split) are the classes; every split
   must have the same ones, none empty, unless allow_class_mismatch. Every image of a
@@ -191,7 +211,8 @@ class FolderSource:
       raise DataOptionError("{name}={value!r} is not a directory. " + _HOW_TO_SUPPLY,
                             value=self.name, dataset="DATASET")
     self._on_bad_image = on_bad_image
-    self._class_split, self._allow_mismatch = class_split, allow_class_mismatch
+    self._class_split = _parse_slice(class_split)[0]
+    self._allow_mismatch = allow_class_mismatch
     self._splits = {name.rstrip("/"): _list_split(os.path.join(root, name))
                     for name in sorted(tf.io.gfile.listdir(root))
                     if tf.io.gfile.isdir(os.path.join(root, name))}
@@ -237,6 +258,25 @@ class FolderSource:
     return {p.decode(): tuple(s) for p, s in ds.ignore_errors().as_numpy_iterator()}
 
   def _scan(self, split: str) -> _Scan:
+    """A split folder's examples, or a slice of them (TFDS's syntax: train[:800],
+    train[800:1000], train[-10%:]) in the folder's reading order."""
+    if split not in self._scans:
+      folder, bounds = _parse_slice(split)
+      whole = self._scan_folder(folder)
+      if bounds is None:
+        self._scans[split] = whole
+      else:
+        n = whole.meta.num_examples
+        examples = whole.examples[slice(*(_absolute(b, n) for b in bounds))]
+        if not examples:
+          raise ValueError(f"split {split!r} of {self.name} is empty: {folder!r} has {n} "
+                           "examples.")
+        self._scans[split] = _Scan(examples, whole.skipped, dataclasses.replace(
+            whole.meta, num_examples=len(examples),
+            num_bytes=sum(tf.io.gfile.stat(p).length for p, _ in examples)))
+    return self._scans[split]
+
+  def _scan_folder(self, split: str) -> _Scan:
     if split in self._scans:
       return self._scans[split]
     self._check_split(split)

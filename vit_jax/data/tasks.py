@@ -15,6 +15,7 @@ that version's split sizes, written next to each task.
 """
 import dataclasses
 import functools
+import os
 from typing import Callable, Mapping
 
 import tensorflow as tf
@@ -313,13 +314,25 @@ def eval_spec(spec: str | tuple[str, str, str]) -> tuple[str, str, str]:
   return tuple(spec)
 
 
-def custom(tfds_name: str) -> Task:
-  """Any TFDS classification dataset (image, label) with VTAB-1k's protocol: the rate chosen
-  from the paper's grid by train[:800] -> train[800:1000], then train[:1000] -> test."""
-  return Task(name=tfds_name.split(":")[0], suite="custom", group="custom",
-              tfds_name=tfds_name, num_classes=0, train="train[:1000]", test="test",
-              minitrain="train[:800]", minival="train[800:1000]", steps=VTAB_STEPS,
-              lr_grid=_SMALL_LR_GRID, source="VTAB-1k's splits and steps, the paper's grid")
+def custom(data_name: str) -> Task:
+  """Any TFDS classification dataset (image, label), or an image folder ROOT/{train,test}/
+  <class>/, with VTAB-1k's protocol: the rate chosen from the paper's grid by train[:800] ->
+  train[800:1000], then train[:1000] -> test. A folder's task is named by its absolute path,
+  which every process of a launched sweep reads alike."""
+  if _is_folder(data_name):
+    name = data_name if "://" in data_name else os.path.abspath(os.path.expanduser(data_name))
+    data_name = name
+  else:
+    name = data_name.split(":")[0]
+  return Task(name=name, suite="custom", group="custom",
+              tfds_name=data_name, num_classes=0, train="train[:1000]",
+              test="test", minitrain="train[:800]", minival="train[800:1000]",
+              steps=VTAB_STEPS, lr_grid=_SMALL_LR_GRID,
+              source="VTAB-1k's splits and steps, the paper's grid")
+
+
+def _is_folder(name: str) -> bool:
+  return tf.io.gfile.isdir(os.path.expanduser(name))
 
 
 def resolve_or_custom(spec: str) -> list[Task]:
@@ -329,7 +342,7 @@ def resolve_or_custom(spec: str) -> list[Task]:
     try:
       out += resolve(name)
     except ValueError:
-      if name.split(":")[0] not in tfds.list_builders():
+      if not _is_folder(name) and name.split(":")[0] not in tfds.list_builders():
         raise
       out.append(custom(name))
   if not out:

@@ -8,8 +8,9 @@ clipping at 1, no weight decay, 384 px) and the paper's steps per task.
 
 --suite: vtab1k (the 19 VTAB-1k tasks), paper (ImageNet, CIFAR-10/100, Pets, Flowers),
 imagenet, or task names separated by commas (`--list all` prints them). Any other TFDS
-classification dataset runs with VTAB-1k's protocol (train[:800] / train[800:1000] to choose
-the rate from the paper's grid, then train[:1000] -> test, 2,500 steps).
+classification dataset, or an image folder ROOT/{train,test}/<class>/, runs with VTAB-1k's
+protocol (train[:800] / train[800:1000] to choose the rate from the paper's grid, then
+train[:1000] -> test, 2,500 steps).
 CHECKPOINT: anything the project loads (a run's workdir, an .npz, augreg:NAME, ema:RUN).
 
 Writes OUT_DIR/results.csv (one row per run: checkpoint, task, phase, rate, accuracy, wall

@@ -119,11 +119,17 @@ def overrides(job: Job, settings: Settings, described: checkpoint.Description
   }
 
 
+def _recipe(task: tasks.Task, described: checkpoint.Description) -> str:
+  """The finetune config the job starts from (an image folder's: a name of no dataset; the
+  job's overrides set its data)."""
+  dataset = "folder" if sources.is_folder(task.tfds_name) else task.tfds_name.split(":")[0]
+  return f"finetune:{models.registry.short_name(model_name(described))},{dataset}"
+
+
 def config(job: Job, settings: Settings, described: checkpoint.Description
            ) -> ml_collections.ConfigDict:
   """The finetune config with the job's overrides."""
-  c = configs.get_config(f"finetune:{models.registry.short_name(model_name(described))},"
-                         f"{job.task.tfds_name.split(':')[0]}")
+  c = configs.get_config(_recipe(job.task, described))
   for key, value in overrides(job, settings, described).items():
     *parents, leaf = key.split(".")
     target = c
@@ -135,8 +141,7 @@ def config(job: Job, settings: Settings, described: checkpoint.Description
 
 def command(job: Job, settings: Settings, described: checkpoint.Description) -> list[str]:
   """The job as a `vit-train` command line."""
-  model = models.registry.short_name(model_name(described))
   flags = [f"--config.{k}={v}" for k, v in overrides(job, settings, described).items()
            if v is not None and k != "model_name"]
-  return ["vit-train", "--config", f"finetune:{model},{job.task.tfds_name.split(':')[0]}",
-          "--workdir", job.workdir, *flags]
+  return ["vit-train", "--config", _recipe(job.task, described), "--workdir", job.workdir,
+          *flags]
