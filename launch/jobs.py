@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from typing import Sequence
+from typing import Callable, Sequence
 
 if __package__ in (None, ""):  # Run as a file: python launch/jobs.py.
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -89,39 +89,49 @@ def submit(commands: list[list[str]], then: list[str] | None, dry_run: bool) -> 
     common.execute([_dependency(then, ids)], dry_run=False)
 
 
-def hosts_commands(args: argparse.Namespace, jobs: list[list[str]]) -> list[tuple[str, list[str]]]:
-  """(host, command) for each job, hosts taken in turn (as the queue deals them when the jobs
-  take equally long), then the --then run on the first host."""
+def host_list(args: argparse.Namespace) -> list[str]:
   hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
   if not hosts:
     raise LaunchError("--hosts is empty: give host names separated by commas.")
+  return hosts
+
+
+def host_command(args: argparse.Namespace, host: str, job: list[str]) -> list[str]:
+  """The job run on host: here for localhost, else over ssh in --remote-repo."""
   env = common.env_pairs(args.env)
+  process = [*(["env", *env] if env else []), args.python, *_module(args), *job]
+  if host in common.LOCAL_HOSTS:
+    return process
   remote_repo = args.remote_repo or str(common.REPO)
+  return ["ssh", "-o", "BatchMode=yes", host,
+          f"cd {shlex.quote(remote_repo)} && {shlex.join(process)}"]
 
-  def on(host: str, job: list[str]) -> tuple[str, list[str]]:
-    process = [*(["env", *env] if env else []), args.python, *_module(args), *job]
-    if host in common.LOCAL_HOSTS:
-      return host, process
-    return host, ["ssh", "-o", "BatchMode=yes", host,
-                  f"cd {shlex.quote(remote_repo)} && {shlex.join(process)}"]
 
-  placed = [on(hosts[i % len(hosts)], job) for i, job in enumerate(jobs)]
-  return placed + ([on(hosts[0], shlex.split(args.then))] if args.then is not None else [])
+def _say(message: str) -> None:
+  """One write per line: slots print from their own threads."""
+  sys.stdout.write(f"[launch] {message}\n")
+  sys.stdout.flush()
 
 
 def _run(prefix: str, cmd: list[str]) -> int:
-  print(f"[launch] {prefix}: {shlex.join(cmd)}", flush=True)
-  p = subprocess.Popen(cmd, cwd=common.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       stdin=subprocess.DEVNULL, text=True, errors="replace")
+  _say(f"{prefix}: {shlex.join(cmd)}")
+  try:
+    p = subprocess.Popen(cmd, cwd=common.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         stdin=subprocess.DEVNULL, text=True, errors="replace")
+  except OSError as e:  # No such program (ssh, the Python): this job fails, the others run.
+    _say(f"{prefix} could not start: {e}")
+    return 127
   common.stream(f"[{prefix}] ", p.stdout)
   code = p.wait()
-  print(f"[launch] {prefix} exited with code {code}", flush=True)
+  _say(f"{prefix} exited with code {code}")
   return code
 
 
-def run_on_hosts(slots: list[str], jobs: list[list[str]], then: list[str] | None) -> int:
-  """Each slot (a host, as often as it is named) runs the next waiting job when free; the
-  --then command after all. Returns the first nonzero exit code, or 0."""
+def run_on_hosts(slots: list[str], jobs: list[list[str]],
+                 command: Callable[[str, list[str]], list[str]],
+                 then: list[str] | None = None) -> int:
+  """Each slot (a host, as often as it is named) runs the next waiting job when free, as
+  command(host, job); then `then` on the first. Returns the first nonzero exit code, or 0."""
   waiting: queue.SimpleQueue = queue.SimpleQueue()
   for i, job in enumerate(jobs):
     waiting.put((i, job))
@@ -133,7 +143,7 @@ def run_on_hosts(slots: list[str], jobs: list[list[str]], then: list[str] | None
         i, job = waiting.get_nowait()
       except queue.Empty:
         return
-      codes[i] = _run(f"job {i} on {host}", job)
+      codes[i] = _run(f"job {i} on {host}", command(host, job))
 
   threads = [threading.Thread(target=slot, args=(h,), daemon=True) for h in slots]
   for t in threads:
@@ -142,7 +152,7 @@ def run_on_hosts(slots: list[str], jobs: list[list[str]], then: list[str] | None
     t.join()
   ordered = [codes[i] for i in range(len(jobs))]
   if then is not None:
-    ordered.append(_run("then", then))
+    ordered.append(_run("then", command(slots[0], then)))
   return next((c for c in ordered if c), 0)
 
 
@@ -186,13 +196,13 @@ def handle(args: argparse.Namespace) -> int:
                         "(or look at the commands with --dry-run).")
     common.execute(commands, args.dry_run)
     return 0
-  placed = hosts_commands(args, jobs)
-  if args.dry_run:
-    common.execute([cmd for _, cmd in placed], dry_run=True)
+  hosts, then = host_list(args), None if args.then is None else shlex.split(args.then)
+  common.env_pairs(args.env)  # Checked before anything starts.
+  if args.dry_run:  # The jobs as the queue deals them when they take equally long.
+    dealt = [host_command(args, hosts[i % len(hosts)], job) for i, job in enumerate(jobs)]
+    common.execute(dealt + ([host_command(args, hosts[0], then)] if then else []), True)
     return 0
-  slots = [h.strip() for h in args.hosts.split(",") if h.strip()]
-  then = placed[-1][1] if args.then is not None else None
-  return run_on_hosts(slots, [cmd for _, cmd in placed[:len(jobs)]], then)
+  return run_on_hosts(hosts, jobs, lambda host, job: host_command(args, host, job), then)
 
 
 def parser() -> argparse.ArgumentParser:

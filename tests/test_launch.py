@@ -241,8 +241,9 @@ def test_independent_jobs_all_run_past_a_failure_then_the_last_step(tmp_path):
   job = lambda name, code: [sys.executable, "-c", (  # noqa: E731
       f"import sys, time; time.sleep(0.3); open({str(log)!r}, 'a').write('{name} '); "
       f"sys.exit({code})")]
+  as_given = lambda host, cmd: cmd  # noqa: E731
   assert jobs.run_on_hosts(["localhost"] * 2, [job("a", 0), job("b", 4), job("c", 0)],
-                           then=job("then", 0)) == 4
+                           as_given, then=job("then", 0)) == 4
   order = log.read_text().split()
   assert sorted(order[:3]) == ["a", "b", "c"] and order[3] == "then"
   empty = subprocess.run([sys.executable, str(REPO / "launch" / "jobs.py"), "hosts", "--tool",

@@ -120,11 +120,12 @@ def task_jobs(args: argparse.Namespace, task_names: list[str]) -> tuple[list[lis
                                                                         list[str]]:
   """The arguments of one vit-transfer run per (checkpoint, task), and of the report's."""
   if args.launch == "tpu_vm":
-    local = [c for c in args.checkpoints + [args.out_dir]
-             if "://" not in c and os.path.exists(c.removeprefix("ema:"))]
+    local = [p for p in args.checkpoints + task_names + [args.out_dir]
+             if "://" not in p and os.path.exists(p.removeprefix("ema:"))]
     if local or not args.out_dir.startswith("gs://"):
       raise ValueError("--launch tpu_vm: the TPU VMs share no disk with this machine: give "
-                       "--out_dir gs://BUCKET/PATH and checkpoints on gs:// or by zoo name"
+                       "--out_dir gs://BUCKET/PATH, and checkpoints and image folders on "
+                       "gs:// (or zoo names)"
                        + (f" (on this machine: {', '.join(local)})" if local else ""))
   out_dir = args.out_dir if "://" in args.out_dir else os.path.abspath(args.out_dir)
   flags = [f"--{k}={getattr(args, k)}" for k in _FORWARDED if getattr(args, k) is not None]
@@ -142,8 +143,9 @@ def launch(args: argparse.Namespace, task_names: list[str]) -> int:
                   "(`pip install -e .`), or put each `vit-transfer CKPT --suite TASK` in a job "
                   "of your own, then `vit-transfer --report_only --out_dir DIR`.")
   jobs, report_args = task_jobs(args, task_names)
-  cmd = [sys.executable, str(script), args.launch, "--tool", "transfer", "--then",
-         shlex.join(report_args), *(["--dry-run"] if args.dry_run else []), *args.launcher_flags]
+  cmd = [sys.executable, str(script), args.launch, "--tool", "transfer",
+         f"--then={shlex.join(report_args)}", *(["--dry-run"] if args.dry_run else []),
+         *args.launcher_flags]
   return subprocess.run(cmd, input="".join(shlex.join(j) + "\n" for j in jobs),
                         text=True).returncode
 
