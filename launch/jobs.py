@@ -87,6 +87,9 @@ def submit(commands: list[list[str]], then: list[str] | None, dry_run: bool) -> 
     print(f"submitted job {ids[-1]}", flush=True)
   if then is not None:
     common.execute([_dependency(then, ids)], dry_run=False)
+  print(f"Submitted {len(ids)} jobs{' and the --then job after them' if then else ''}: "
+        "follow them with `squeue --me`; each logs to slurm-ID.out in "
+        f"{common.REPO}.", flush=True)
 
 
 def host_list(args: argparse.Namespace) -> list[str]:
@@ -195,6 +198,9 @@ def handle(args: argparse.Namespace) -> int:
       raise LaunchError("gcloud is not installed: see cloud.google.com/sdk/docs/install "
                         "(or look at the commands with --dry-run).")
     common.execute(commands, args.dry_run)
+    if not args.dry_run:
+      print(f"Started on {len(commands)} TPU VMs. Follow one: python launch/tpu_vm.py logs "
+            f"--name NAME --zone {args.zone}", flush=True)
     return 0
   hosts, then = host_list(args), None if args.then is None else shlex.split(args.then)
   common.env_pairs(args.env)  # Checked before anything starts.
