@@ -119,8 +119,8 @@ def test_the_command_line_unit_replaces_the_config_files_other_unit(tmp_path, da
 
 @pytest.mark.slow
 def test_random_kills_and_damage_lose_nothing(tmp_path, dataset):
-  """kill -9 at three seeded random moments (mid-save included), each followed by a kind of
-  damage to the newest step (bitflip, truncation, deletion): every rerun resumes from the newest step that verifies, and the per-step
+  """kill -9 at three seeded random moments (mid-save included), each followed by a damage to
+  the newest step: every rerun resumes from the newest step that verifies, and the per-step
   losses end equal to an uninterrupted run's (run beside the first)."""
   flags = ("--config.total_steps=200", "--config.checkpoint_every_steps=5",
            "--config.log_every_steps=1")

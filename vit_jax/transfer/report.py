@@ -1,9 +1,10 @@
-"""A sweep's rows merged into results.csv, a Markdown table and a figure: each (checkpoint, task)'s test
-accuracy at the learning rate chosen on minival, beside the paper's number for the same model
-(paper_results; every pre-training the paper gives, with its table), and VTAB-1k's group
-means (natural, specialized, structured) and overall mean, unweighted over tasks as the
+"""A sweep's rows merged into results.csv, a Markdown table and a figure: each (checkpoint,
+task)'s test accuracy at the learning rate chosen on minival, beside the paper's number for the
+same model (paper_results; every pre-training the paper gives, with its table), and VTAB-1k's
+group means (natural, specialized, structured) and overall mean, unweighted over tasks as the
 paper reports its mean."""
 import os
+from typing import BinaryIO
 
 from etils import epath
 from matplotlib.figure import Figure
@@ -57,7 +58,7 @@ def markdown(rows: list[dict[str, str]], failures: dict[tuple[str, str], str]) -
   return "\n".join(lines) + "\n"
 
 
-def figure(rows: list[dict[str, str]], file) -> None:
+def figure(rows: list[dict[str, str]], file: BinaryIO) -> None:
   """Test accuracy per task, one bar per checkpoint."""
   finals = final_accuracies(rows)
   names = list(dict.fromkeys(t for _, t in finals))
