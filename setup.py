@@ -33,6 +33,10 @@ INSTALL_REQUIRES = [
     "pillow",
     "matplotlib>=3.6",  # vit_jax/figures.py: Figure(layout=...), matplotlib.colormaps, legend ncols.
     "tqdm",
+    # Checkpoints from the Hugging Face Hub (`hf-hub:ORG/NAME`): its cache, tokens and offline
+    # mode, and safetensors' numpy reader (no torch).
+    "huggingface_hub",
+    "safetensors",
 ]
 
 # Serving outside JAX (vit_jax.serving, `vit-export --format`): the SavedModel
@@ -55,6 +59,8 @@ EXTRAS = {
         "torch>=2.14",
         "torchvision>=0.29",
         "timm",
+        # transformers' ViT: the Hub loader's transformers layout is checked against its forward.
+        "transformers",
         # The serving formats are tested against JAX.
         *EXPORT,
     ],
@@ -74,6 +80,8 @@ setuptools.setup(
     # vit_jax.* takes in vit_jax.configs, which `--config NAME` reads from an installed
     # wheel as from a clone (tests/test_install.py builds one and checks).
     packages=setuptools.find_packages(include=["vit_jax", "vit_jax.*"]),
+    # The AugReg files' Hub copies, which `augreg:NAME` and `vit-zoo` read (CONTRIBUTING.md).
+    package_data={"vit_jax.checkpoint": ["augreg_hub.csv"]},
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,

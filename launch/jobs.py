@@ -2,7 +2,8 @@
 sweep (`vit-transfer CKPT --suite vtab1k --out_dir DIR --launch slurm -- FLAGS` hands them
 here), or any list of vit_jax command lines.
 
-  # Each line of standard input: the arguments of one `python -m vit_jax.tools.TOOL` run.
+  # Each line of standard input: the arguments of one `python -m vit_jax.tools.TOOL` run,
+  # e.g. `hf-hub:google/vit-base-patch16-224-in21k --suite cifar10 --out_dir /shared/vtab`.
   python launch/jobs.py slurm --tool transfer --gpus-per-node 8 --partition gpu < JOBS
   python launch/jobs.py hosts --tool transfer --hosts gpu0,gpu1 < JOBS
   python launch/jobs.py tpu_vm --tool transfer --names vit-a,vit-b --zone us-central2-b \

@@ -3,6 +3,9 @@ worker, run a config on all of them, follow the log, delete it.
 
   python launch/tpu_vm.py up --name vit --zone us-central2-b --accelerator-type v4-32 \
       --config pretrain:b16,i1k --workdir gs://BUCKET/vit_b16 -- --config.batch_size=4096
+  python launch/tpu_vm.py up --name vit-ft --zone us-central2-b --accelerator-type v4-8 \
+      --config finetune:b16,cifar10 --workdir gs://BUCKET/vit_b16_cifar10 \
+      -- --config.pretrained=hf-hub:google/vit-base-patch16-224-in21k
   python launch/tpu_vm.py logs --name vit --zone us-central2-b
   python launch/tpu_vm.py delete --name vit --zone us-central2-b
 

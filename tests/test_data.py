@@ -17,6 +17,8 @@ from vit_jax.data import pipeline
 from vit_jax.data import preprocess as pp
 
 BATCH = 64
+# timm's / transformers' ImageNet normalisation, as the Hub's checkpoints state it.
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def _real_config(dataset, **overrides):
@@ -298,6 +300,71 @@ def test_eval_covers_every_example_once(dataset):
   again = [jax.tree.map(np.asarray, b) for b in data.eval_iterator(
       cfg, global_batch_size=BATCH, sharding=_sharding())]
   assert _real_examples(again) == _real_examples(batches)  # A fresh pass.
+
+
+def _raw_images(dataset, split: str) -> np.ndarray:
+  raw = tfds.load(dataset[0], data_dir=dataset[1], split=split, as_supervised=True,
+                  download=False)
+  return np.stack([image for image, _ in tfds.as_numpy(raw)])
+
+
+def test_eval_and_train_normalise_by_mean_and_std_as_numpy(dataset):
+  mean, std = np.array(IMAGENET_MEAN), np.array(IMAGENET_STD)
+  cfg = _real_config(dataset, mean=IMAGENET_MEAN, std=IMAGENET_STD, eval_split="test[:64]",
+                     train_split="train[:64]", train_crop="resize", flip=False)
+  batch = next(data.eval_iterator(cfg, global_batch_size=BATCH, sharding=_sharding()))
+  by_hand = lambda gray: (np.repeat(gray, 3, -1) / 255.0 - mean) / std  # noqa: E731
+  want = by_hand(_raw_images(dataset, "test[:64]").astype(np.float64))
+  np.testing.assert_allclose(np.asarray(batch["image"]), want, atol=1e-5, rtol=0)
+  # Training's batch is the 64 train images in some order, normalised the same way.
+  want = by_hand(_raw_images(dataset, "train[:64]").astype(np.float64))
+  (train,) = _take(_train(cfg), 1)
+  for image in train["image"]:
+    assert np.abs(want - image).max(axis=(1, 2, 3)).min() < 1e-5
+
+
+def test_config_mean_and_std_are_checked():
+  for fields, message in (
+      (dict(mean=IMAGENET_MEAN), r"config.data.std=None: give data.mean and data.std together"),
+      (dict(mean=(0.5, 0.5), std=(0.5, 0.5)), r"config.data.mean=\(0.5, 0.5\): must be three"),
+      (dict(mean=IMAGENET_MEAN, std=(0.2, 0.0, 0.2)), r"config.data.std=.*must be > 0"),
+      (dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, value_range=(-1.0, 1.0)),
+       r"config.data.value_range=\(-1.0, 1.0\): leave it None where data.mean")):
+    cfg = data.get_data_config()
+    cfg.update(fields)
+    with pytest.raises(ValueError, match=message):
+      data.dataset_info(cfg)
+
+
+def _by_tf_resize(images: np.ndarray, size: int, crop: str, method: str) -> np.ndarray:
+  """What the evaluation should give: tf.image.resize's own `method` (bicubic clipped)."""
+  if crop == "central_crop":
+    side = round(size / 0.875)
+    resized = tf.image.resize(images, [side, side], method, antialias=True)
+    top = (side - size) // 2
+    resized = resized[:, top:top + size, top:top + size]
+  else:
+    resized = tf.image.resize(images, [size, size], method, antialias=size < images.shape[1])
+  resized = tf.clip_by_value(resized, 0, 255) if method == "bicubic" else resized
+  return np.repeat(resized.numpy(), 3, -1)
+
+
+@pytest.mark.parametrize("crop", ["resize", "central_crop"])
+def test_bicubic_and_bilinear_differ_and_are_tf_resize_own(dataset, crop):
+  raw = _raw_images(dataset, "test[:8]")
+  for size in (40, 20):  # Enlarged and shrunk.
+    cfg = _real_config(dataset, eval_split="test[:8]", image_size=size)
+    got = {}
+    for method in pp.INTERPOLATIONS:
+      # value_range (0, 255): the model's input is the resized pixels themselves.
+      preprocessing = pp.Preprocessing(value_range=(0.0, 255.0), crop=crop,
+                                       interpolation=method)
+      ds, _ = pipeline._eval_dataset(cfg, local_batch=8, process_index=0, process_count=1,
+                                     preprocessing=preprocessing)
+      got[method] = _take(ds, 1)[0]["image"]
+      np.testing.assert_allclose(got[method], _by_tf_resize(raw, size, crop, method),
+                                 atol=1e-4, rtol=0)
+    assert np.abs(got["bicubic"] - got["bilinear"]).max() > 5
 
 
 @pytest.mark.parametrize("cache", [True, False])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from helpers import tiny_config, tiny_serving_checkpoint
-from vit_jax import checkpoint
+from vit_jax import checkpoint, models
 from vit_jax.tools import predict
 from vit_jax.tools import inspect_checkpoint as inspect_cli
 from vit_jax.checkpoint import run
@@ -173,3 +173,93 @@ def test_fewshot_batches_are_preprocessed_as_the_checkpoint_was(dataset):
         checkpoint.Preprocessing(value_range))
     images = np.asarray(next(batches())["image"])
     assert (images.min(), images.max()) == pytest.approx(value_range, abs=0.01)
+
+
+# timm's / transformers' ImageNet normalisation, as the Hub's checkpoints state it.
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+HUB_PREPROCESSING = dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, crop="central_crop",
+                         central_crop_fraction=0.875, interpolation="bicubic")
+
+
+def test_preprocessing_states_mean_std_and_interpolation_and_round_trips():
+  pre = checkpoint.Preprocessing(**HUB_PREPROCESSING)
+  assert pre.value_range is None and pre.mean == IMAGENET_MEAN
+  scale, offset = pre.affine()  # uint8 * scale + offset == (uint8 / 255 - mean) / std.
+  pixels = np.array([0.0, 128.0, 255.0])[:, None]
+  np.testing.assert_allclose(pixels * scale + offset,
+                             (pixels / 255 - IMAGENET_MEAN) / IMAGENET_STD, rtol=1e-12)
+  assert checkpoint.Preprocessing().affine() == ((2 / 255,) * 3, (-1.0,) * 3)
+  d = checkpoint.Description(model={"patch_size": 16}, image_size=224, num_classes=1000,
+                             preprocessing=pre)
+  assert d.to_dict()["format"] == 2
+  assert checkpoint.Description.from_json(d.to_json()) == d
+  assert ("input mean (0.485, 0.456, 0.406), std (0.229, 0.224, 0.225) of [0, 1] pixels, "
+          "central_crop, bicubic") in d.summary()
+  # A value range description is written as before (format 1, no new keys) ...
+  old = d.replace(preprocessing=checkpoint.Preprocessing((0.0, 1.0))).to_dict()
+  assert old["format"] == 1 and set(old["preprocessing"]) == {
+      "value_range", "crop", "central_crop_fraction", "channels"}
+  # ... and one written before mean, std and interpolation existed reads.
+  old["preprocessing"]["value_range"] = [0, 1]
+  loaded = checkpoint.Description.from_dict(old)
+  assert loaded.preprocessing == checkpoint.Preprocessing(value_range=(0.0, 1.0))
+  assert (loaded.preprocessing.mean, loaded.preprocessing.interpolation) == (None, "bilinear")
+
+
+@pytest.mark.parametrize("fields,message", [
+    (dict(mean=(0.5, 0.5), std=(0.5, 0.5)), r"Preprocessing.mean=\(0.5, 0.5\): expected 3"),
+    (dict(mean=(0.5,) * 3), r"Preprocessing.std=None: .* give std"),
+    (dict(mean=(0.5,) * 3, std=(0.5, 0.0, 0.5)), r"Preprocessing.std=.*must be > 0"),
+    (dict(value_range=(0.0, 1.0), mean=(0.5,) * 3, std=(0.5,) * 3), r"not both"),
+    (dict(value_range=(1.0, -1.0)), r"low < high"),
+    (dict(interpolation="lanczos"), r"Preprocessing.interpolation='lanczos': expected one of"),
+])
+def test_preprocessing_refuses_invalid_fields(fields, message):
+  with pytest.raises(ValueError, match=message):
+    checkpoint.Preprocessing(**fields)
+
+
+def _mean_std_npz(tmp_path, dataset) -> str:
+  """A checkpoint of the tiny run's model whose description states the Hub's mean and std."""
+  import jax
+  c = tiny_config(dataset)
+  model = loop.build_model(c, 10)
+  params = model.init(jax.random.key(0), np.zeros((1, 28, 28, 3), np.float32))["params"]
+  described = checkpoint.Description(
+      model=models.registry.described_fields(model), model_name=c.model_name, image_size=28,
+      num_classes=10, preprocessing=checkpoint.Preprocessing(**HUB_PREPROCESSING))
+  checkpoint.save_npz(str(tmp_path / "hub.npz"), params, described)
+  return str(tmp_path / "hub.npz")
+
+
+def test_fine_tuning_takes_mean_and_std_of_its_starting_checkpoint(tmp_path):
+  dataset = ("fashion_mnist", str(tmp_path / "tfds"))  # Only the configs: nothing is read.
+  path = _mean_std_npz(tmp_path, dataset)
+  c = tiny_config(dataset, pretrained=path)
+  loop.resolve_value_range(c)
+  assert (c.data.value_range, c.data.mean, c.data.std) == (None, IMAGENET_MEAN, IMAGENET_STD)
+  loop.config_lib.validate(c)
+  # The run's own checkpoints describe what it trained with (its eval crop, bilinear).
+  assert checkpoint.Preprocessing.from_data_config(c.data) == checkpoint.Preprocessing(
+      mean=IMAGENET_MEAN, std=IMAGENET_STD)
+  c = tiny_config(dataset, pretrained=path, **{"data.mean": IMAGENET_MEAN,
+                                               "data.std": IMAGENET_STD})
+  loop.resolve_value_range(c)  # The same values, given: agreed.
+  for field, value, records in (("value_range", (-1.0, 1.0), r"normalisation 'mean \(0.485"),
+                                ("mean", (0.5, 0.5, 0.5), r"mean \(0.485, 0.456, 0.406\)")):
+    c = tiny_config(dataset, pretrained=path, **{f"data.{field}": value})
+    if field == "mean":
+      c.data.std = IMAGENET_STD
+    with pytest.raises(checkpoint.DescriptionMismatch,
+                       match=rf"config.data.{field} .* disagrees with .*{records}"):
+      loop.resolve_value_range(c)
+
+
+@pytest.mark.slow
+def test_a_run_fine_tuned_from_mean_and_std_trains_and_is_described_so(tmp_path, dataset):
+  path = _mean_std_npz(tmp_path, dataset)
+  loop.train_and_evaluate(tiny_config(dataset, total_steps=2, pretrained=path),
+                          str(tmp_path / "ft"))
+  described = checkpoint.describe(str(tmp_path / "ft")).preprocessing
+  assert (described.mean, described.std, described.value_range) == (IMAGENET_MEAN,
+                                                                      IMAGENET_STD, None)

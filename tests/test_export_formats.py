@@ -33,7 +33,7 @@ def exported(request, tmp_path_factory, digits_folder):
 def jax_logits(loaded, batch: np.ndarray) -> np.ndarray:
   """The reference: the model applied to the input pipeline's preprocessing of `batch`."""
   from vit_jax.data import preprocess as pp
-  x = pp.value_range(batch, *loaded.description.preprocessing.value_range).numpy()
+  x = pp.apply_preprocessing(batch, loaded.description.preprocessing).numpy()
   return np.asarray(loaded.model.apply({"params": loaded.params}, x, train=False))
 
 
@@ -103,6 +103,30 @@ def test_onnx_segment_prod_leaves_out_negative_ids(tmp_path):
   x = np.zeros((7, 17, 32), np.float32)
   assert session.run(None, {session.get_inputs()[0].name: x})[0].tolist() == [17, 32]
   assert target_shape(x).numpy().tolist() == [17, 32]
+
+
+def test_savedmodel_and_jax_runner_normalise_by_the_described_mean_and_std(tmp_path,
+                                                                          digits_folder):
+  """A checkpoint from the Hub states mean and std (and bicubic resizing): the exported
+  signature and the JAX runner both give the logits of (uint8 / 255 - mean) / std."""
+  mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+  plain = checkpoint.load(tiny_serving_checkpoint(tmp_path / "plain.npz", "plain"))
+  pre = checkpoint.Preprocessing(mean=tuple(mean), std=tuple(std), interpolation="bicubic")
+  path = str(tmp_path / "hub.npz")
+  checkpoint.save_npz(path, plain.params, plain.description.replace(preprocessing=pre,
+                                                                     assumed=()))
+  loaded = checkpoint.load(path)
+  assert loaded.description.preprocessing == pre
+  files = sorted(glob.glob(os.path.join(digits_folder, "test", "*", "*.png")))[::40][:7]
+  batch = np.stack([images.read_image(f, loaded.image_size, pre) for f in files])
+  x = ((batch / 255.0 - mean) / std).astype(np.float32)  # By hand.
+  want = np.asarray(loaded.model.apply({"params": loaded.params}, x, train=False))
+  as_value_range = jax_logits(plain, batch)  # What [0, 255] -> [-1, 1] would give.
+  assert np.abs(as_value_range - want).max() > 0.1
+  np.testing.assert_allclose(runners.jax_runner(loaded)(batch), want, atol=1e-5, rtol=0)
+  serve = savedmodel.serving_module(loaded, platforms=("cpu",)).serve
+  np.testing.assert_allclose(serve(batch)["logits"].numpy(), want, atol=TOLERANCE["savedmodel"],
+                             rtol=0)
 
 
 def test_headless_models_and_unknown_formats_are_refused(tmp_path):

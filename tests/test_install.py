@@ -1,6 +1,8 @@
 """Installing: setup.py against the lock files, the README's commands against .ci/run, the
 repository URL wherever it is copied, the notebooks' Colab install cell (run here against a
-stand-in `google.colab`), and released checkpoints read straight from gs://."""
+stand-in `google.colab`), defaults that an anonymous user can read (Hub specs, not the
+gs://vit_models bucket), and checkpoints in a bucket of one's own read straight from gs://."""
+import ast
 import os
 import pathlib
 import re
@@ -199,22 +201,142 @@ def test_colab_cell_reads_the_accelerator_off_the_machine(setup_kwargs, monkeypa
   assert extras["gpu"] == ["jax[cuda13]"] and extras["gpu-cuda12"] == ["jax[cuda12]"]
 
 
-def test_notebook_defaults_are_released_files():
+HUB_I21K = "hf-hub:google/vit-base-patch16-224-in21k"  # The paper's ViT-B/16, ImageNet-21k.
+
+
+def test_notebook_defaults_are_released_files_on_the_hub():
   sources = {p.name: [c for c in nbformat.read(p, as_version=4).cells
                       if c.cell_type == "code"][1].source for p in NOTEBOOKS}
-  assert '"gs://vit_models/imagenet21k/ViT-B_16.npz"' in sources["explore_checkpoint.ipynb"]
+  assert f'"VIT_CHECKPOINT", "{HUB_I21K}"' in sources["explore_checkpoint.ipynb"]
   assert '"VIT_IMAGES", "cifar10"' in sources["explore_checkpoint.ipynb"]
-  assert '"gs://vit_models/imagenet21k/ViT-B_16.npz"' in sources["finetune_fewshot.ipynb"]
+  assert f'"VIT_PRETRAINED", "{HUB_I21K}"' in sources["finetune_fewshot.ipynb"]
   assert '"VIT_DATASET", "cifar10"' in sources["finetune_fewshot.ipynb"]
 
 
-def test_released_checkpoints_are_read_from_gs_through_tf_gfile(tmp_path, monkeypatch):
-  """etils.epath hands gs:// paths to TensorFlow's gfile (which reads public GCS buckets, as
-  the official Colabs do); here gfile is pointed at a local copy of the bucket."""
+# gs://vit_models has refused anonymous reads since February 2026 (google-research/
+# vision_transformer issue 321): nothing a user copies or gets by default may name it. Prose
+# may (README text outside code fences, comments, messages, docstrings' sentences), and so may
+# these lines, each for its reason: (file, text on the line) -> why.
+OLD_BUCKET = "gs://vit_models"
+OLD_BUCKET_ALLOWED = {
+    ("vit_jax/checkpoint/augreg.py", 'DEFAULT_ZOO_DIR = "gs://vit_models/augreg"'):
+        "the AugReg zoo's explicit fallback for files without a Hub copy, read by those who "
+        "can (credentials, a mirror: --zoo_dir / $VIT_JAX_AUGREG_DIR name another)",
+}
+
+
+def old_bucket_in_readme(text: str) -> list[tuple[str, str, str]]:
+  """(file, where, line) of the lines inside README.md's code fences that name the old bucket."""
+  found, fenced = [], False
+  for i, line in enumerate(text.splitlines(), 1):
+    if line.lstrip().startswith("```"):
+      fenced = not fenced
+    elif fenced and OLD_BUCKET in line:
+      found.append(("README.md", f"line {i}", line))
+  return found
+
+
+def old_bucket_in_notebook(path: pathlib.Path) -> list[tuple[str, str, str]]:
+  """The lines of a notebook's code cells that name the old bucket."""
+  cells = nbformat.read(path, as_version=4).cells
+  return [(f"notebooks/{path.name}", f"cell {c}, line {i}", line)
+          for c, cell in enumerate(cells) if cell.cell_type == "code"
+          for i, line in enumerate(cell.source.splitlines(), 1) if OLD_BUCKET in line]
+
+
+def python_defaults(tree: ast.AST):
+  """The expressions a module gives as defaults: parameters' defaults, `default=` keywords,
+  `.get(key, DEFAULT)` / `os.getenv(key, DEFAULT)` fallbacks, string constants assigned."""
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+      yield from node.args.defaults
+      yield from (d for d in node.args.kw_defaults if d is not None)
+    elif isinstance(node, ast.Call):
+      yield from (k.value for k in node.keywords if k.arg == "default")
+      if (isinstance(node.func, ast.Attribute) and len(node.args) > 1 and
+          node.func.attr in ("get", "getenv", "setdefault")):
+        yield node.args[1]
+    elif isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Constant):
+      yield node.value
+
+
+def docstring_commands(tree: ast.AST, lines: list[str]):
+  """(line number, text) of the command lines in docstrings, as the source spells them: lines
+  starting with `vit-` or `python`, and the lines a trailing backslash continues them onto."""
+  for node in ast.walk(tree):
+    body = getattr(node, "body", None)
+    if not (isinstance(body, list) and body and isinstance(body[0], ast.Expr) and
+            isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+      continue
+    command, doc = False, body[0].value
+    for i in range(doc.lineno, doc.end_lineno + 1):
+      text = lines[i - 1].strip().lstrip('rRbuU').lstrip('"\'')
+      command = text.startswith(("vit-", "python")) or command
+      if command:
+        yield i, lines[i - 1]
+      command = command and text.endswith("\\")
+
+
+def old_bucket_in_python(name: str, text: str) -> list[tuple[str, str, str]]:
+  """A module's defaults and docstring command lines that name the old bucket."""
+  tree, lines = ast.parse(text), text.splitlines()
+  found = {(n.lineno, lines[n.lineno - 1]) for d in python_defaults(tree) for n in ast.walk(d)
+           if isinstance(n, ast.Constant) and OLD_BUCKET in str(n.value)}
+  found |= {(i, line) for i, line in docstring_commands(tree, lines) if OLD_BUCKET in line}
+  return [(name, f"line {i}", line) for i, line in sorted(found)]
+
+
+def test_no_default_or_example_reads_the_old_bucket():
+  """README's code blocks, the notebooks' code, the launchers, and the package's defaults and
+  docstrings' example commands name Hub specs (`hf-hub:ORG/NAME`, `augreg:NAME`), not
+  gs://vit_models; a gs:// path of one's own still works (test below)."""
+  found = old_bucket_in_readme((REPO / "README.md").read_text())
+  for path in NOTEBOOKS:
+    found += old_bucket_in_notebook(path)
+  for path in sorted((REPO / "launch").glob("*.py")):  # All of it: what launching runs.
+    found += [(f"launch/{path.name}", f"line {i}", line) for i, line in
+              enumerate(path.read_text().splitlines(), 1) if OLD_BUCKET in line]
+  for path in sorted((REPO / "vit_jax").rglob("*.py")):
+    found += old_bucket_in_python(str(path.relative_to(REPO)), path.read_text())
+  allowed = lambda name, line: any(name == f and snippet in line
+                                   for f, snippet in OLD_BUCKET_ALLOWED)
+  unexplained = [f"{name}, {where}: {line.strip()}" for name, where, line in found
+                 if not allowed(name, line)]
+  assert not unexplained, (
+      f"{OLD_BUCKET} refuses anonymous reads since February 2026 (google-research/"
+      "vision_transformer issue 321): name a Hub spec (hf-hub:ORG/NAME, augreg:NAME) instead, "
+      "or add the line to OLD_BUCKET_ALLOWED with its reason:\n" + "\n".join(unexplained))
+  stale = [(f, snippet) for f, snippet in OLD_BUCKET_ALLOWED
+           if not any(name == f and snippet in line for name, _, line in found)]
+  assert not stale, f"OLD_BUCKET_ALLOWED names lines that no longer exist: {stale}"
+
+
+def test_the_old_bucket_check_sees_defaults_and_examples_not_prose():
+  module = (
+      '"""Reads gs://vit_models/x.npz, as prose says; an example:\n\n'
+      '  vit-train --config finetune:b16,cifar10 \\\n'
+      '    --config.pretrained=gs://vit_models/a.npz\n"""\n'
+      'import os\n'
+      'PATH = "gs://vit_models/b.npz"\n'
+      'def f(p="gs://vit_models/c.npz"): raise ValueError("not gs://vit_models/d.npz")\n'
+      'os.environ.get("X", "gs://vit_models/e.npz")\n'
+      'parser.add_argument("--p", default="gs://vit_models/f.npz")\n')
+  found = old_bucket_in_python("m.py", module)
+  assert [(where, re.search(r"vit_models/(\w)", line)[1]) for _, where, line in found] == [
+      ("line 4", "a"), ("line 7", "b"), ("line 8", "c"), ("line 9", "e"), ("line 10", "f")]
+  readme = "gs://vit_models prose\n```bash\nvit-inspect gs://vit_models/x.npz\n```\n"
+  assert old_bucket_in_readme(readme) == [
+      ("README.md", "line 3", "vit-inspect gs://vit_models/x.npz")]
+
+
+def test_checkpoints_in_a_bucket_of_ones_own_are_read_through_tf_gfile(tmp_path, monkeypatch):
+  """etils.epath hands gs:// paths to TensorFlow's gfile (which reads the buckets the user's
+  credentials reach: their own, a mirror of gs://vit_models); here gfile is pointed at a local
+  copy of the bucket."""
   import tensorflow as tf
   from vit_jax import checkpoint
 
-  bucket = tmp_path / "vit_models" / "imagenet21k"
+  bucket = tmp_path / "my-bucket" / "vit_models" / "imagenet21k"
   bucket.mkdir(parents=True)
   arrays = {"cls": np.zeros((1, 1, 8), np.float32), "head/kernel": np.ones((8, 3), np.float32)}
   with open(bucket / "ViT-B_16.npz", "wb") as f:
@@ -229,8 +351,8 @@ def test_released_checkpoints_are_read_from_gs_through_tf_gfile(tmp_path, monkey
   monkeypatch.setattr(tf.io.gfile, "GFile", gfile_open)
   monkeypatch.setattr(tf.io.gfile, "exists", lambda p: os.path.exists(local(p)))
   monkeypatch.setattr(tf.io.gfile, "isdir", lambda p: os.path.isdir(local(p)))
-  flat = checkpoint.load_npz_flat("gs://vit_models/imagenet21k/ViT-B_16.npz")
-  assert opened == ["gs://vit_models/imagenet21k/ViT-B_16.npz"]
+  flat = checkpoint.load_npz_flat("gs://my-bucket/vit_models/imagenet21k/ViT-B_16.npz")
+  assert opened == ["gs://my-bucket/vit_models/imagenet21k/ViT-B_16.npz"]
   assert set(flat) == set(arrays)
   np.testing.assert_array_equal(flat["head/kernel"], arrays["head/kernel"])
 

@@ -43,7 +43,8 @@ def one_update(cfg, params, grads):
 
 def timm_prefix(name: str) -> str:
   """Where a parameter of ours lives in timm's ViT."""
-  rules = [(r"cls", "cls_token"), (r"Transformer/posembed_input/.*", "pos_embed"),
+  rules = [(r"cls", "cls_token"), (r"reg", "reg_token"),
+           (r"Transformer/posembed_input/.*", "pos_embed"),
            (r"embedding/.*", "patch_embed.proj."),
            (r"(conv_root|gn_root|block\d+/unit\d+)/.*", "patch_embed.backbone."),
            (r"Transformer/encoderblock_(\d+)/.*", "blocks.{}."),
@@ -54,24 +55,38 @@ def timm_prefix(name: str) -> str:
   raise AssertionError(f"no timm counterpart for {name}")
 
 
-@pytest.mark.parametrize("name", ["ViT-B_16", "R26+ViT-S_32"])
-def test_layer_decay_scales_are_timms(name):
+@pytest.mark.parametrize("name,registers", [("ViT-B_16", 0), ("R26+ViT-S_32", 0),
+                                            ("ViT-S_16", 4)])
+def test_layer_decay_scales_are_timms(name, registers):
+  """Each parameter's lr scale as timm's optimizer factory groups them
+  (`param_groups_layer_decay` with the model's `no_weight_decay`), and the tokens' weight
+  decay (off) too: register tokens sit with the embeddings, timm's `reg_token` in its stem."""
   from timm.optim._param_groups import param_groups_layer_decay
   torch, _ = timm_models.import_torch()
   with torch.device("meta"):
-    reference = timm_models.create(name, num_classes=10)
+    reference = timm_models.create(name, num_classes=10,
+                                   **({"reg_tokens": registers} if registers else {}))
   names = {id(p): n for n, p in reference.named_parameters()}
-  timm_scale = {names[id(p)]: g["lr_scale"] for g in param_groups_layer_decay(
-      reference, weight_decay=0.1, layer_decay=0.75) for p in g["params"]}
+  groups = param_groups_layer_decay(reference, weight_decay=0.1, layer_decay=0.75,
+                                    no_weight_decay_list=reference.no_weight_decay())
+  timm_scale = {names[id(p)]: g["lr_scale"] for g in groups for p in g["params"]}
+  timm_decays = {names[id(p)]: g["weight_decay"] > 0 for g in groups for p in g["params"]}
 
-  ours = optimizers.update_scales(opt_config(layer_decay=0.75),
-                                  list(checkpoint.flatten(abstract_params(name, 224))))
+  params = abstract_params(name, 224, num_registers=registers)
+  decays = checkpoint.flatten(optimizers.decay_mask(params))
+  ours = optimizers.update_scales(opt_config(layer_decay=0.75), list(decays))
   for our_name, scale in ours.items():
-    matching = {s for n, s in timm_scale.items() if n.startswith(timm_prefix(our_name))}
-    assert matching and all(s == pytest.approx(scale, rel=1e-12) for s in matching), (
+    matching = {n: s for n, s in timm_scale.items() if n.startswith(timm_prefix(our_name))}
+    assert matching and all(s == pytest.approx(scale, rel=1e-12) for s in matching.values()), (
         our_name, scale, matching)
-  assert len(set(timm_scale.values())) == models.model_config(name)["num_layers"] + 2
+    if len(matching) == 1:  # the tokens and position embedding: decayed as timm's are
+      assert timm_decays[next(iter(matching))] == decays[our_name], (our_name, matching)
+  num_layers = models.model_config(name)["num_layers"]
+  assert len(set(timm_scale.values())) == num_layers + 2
   assert timm_scale["head.weight"] == 1.0
+  if registers:
+    assert ("reg" in ours) and ours["reg"] == pytest.approx(0.75 ** (num_layers + 1))
+    assert not decays["reg"] and timm_scale["reg_token"] == ours["reg"]
 
 
 def test_layer_decay_and_multipliers_scale_the_whole_update():

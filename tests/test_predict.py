@@ -62,6 +62,18 @@ def test_read_image_decodes_and_resizes_as_the_pipeline(photo_dir):
       images.read_image(str(photo_dir / bad), 32)
 
 
+def test_read_image_resizes_with_the_described_interpolation(photo_dir):
+  import tensorflow as tf
+  path = str(photo_dir / "sub" / "digit3.jpg")  # 40 x 30: shrunk to 32, antialiased.
+  decoded = tf.io.decode_image(tf.io.read_file(path), 3)
+  got = {}
+  for method in ("bilinear", "bicubic"):
+    got[method] = images.read_image(path, 32, checkpoint.Preprocessing(interpolation=method))
+    want = images.to_uint8(tf.image.resize(decoded, [32, 32], method, antialias=True))
+    np.testing.assert_array_equal(got[method], want.numpy())
+  assert (got["bilinear"] != got["bicubic"]).any()
+
+
 def test_labels_probabilities_and_top_k():
   logits = np.log(np.array([[0.1, 0.6, 0.3]]))
   assert [n for n, _ in labels.top_k(logits, ["a", "b", "c"], k=3)[0]] == ["b", "c", "a"]

@@ -1,9 +1,11 @@
-"""The AugReg zoo by name: index, list, fetch into the cache, `augreg:` specs, offline
-errors, and a fine-tune / few-shot start from `augreg:Ti_16`, on a local folder laid
-out like gs://vit_models/augreg."""
+"""The AugReg zoo by name: the shipped table of Hub copies (rebuilt from the installed timm),
+`augreg:` specs resolved to the Hub first and to a zoo folder laid out like
+gs://vit_models/augreg otherwise, index, list, fetch into the cache, offline errors, and a
+fine-tune / few-shot start from `augreg:Ti_16`. No network: HF_HUB_OFFLINE=1 throughout."""
 import csv
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +16,7 @@ from helpers import tiny_config
 from vit_jax import checkpoint, models
 from vit_jax.tools import fewshot, zoo
 from vit_jax.checkpoint import augreg
+from vit_jax.models import timm_models  # torch before TensorFlow: see conftest.py
 from vit_jax.train import loop
 
 # The bucket's header (the published columns, with `epochs` after `ds`).
@@ -79,9 +82,19 @@ def zoo_dir(tmp_path_factory):
     writer = csv.writer(f)
     writer.writerow(HEADER)
     writer.writerows(ROWS)
-  for filename in (TI, TI + IMNET_384, R_TI):
+  for filename in (TI, TI + IMNET_384, R_TI, R26):
     write_checkpoint(root, filename)
   return str(root)
+
+
+@pytest.fixture(autouse=True)
+def hub_offline(tmp_path, monkeypatch):
+  """huggingface_hub offline, on an empty cache of its own (its constants are read at import)."""
+  from huggingface_hub import constants
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+  monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf_hub"))
+  return tmp_path / "hf_hub"
 
 
 @pytest.fixture
@@ -89,6 +102,14 @@ def cache_dir(tmp_path, monkeypatch):
   monkeypatch.setenv("VIT_JAX_CACHE", str(tmp_path / "cache"))
   monkeypatch.delenv("VIT_JAX_AUGREG_DIR", raising=False)
   return str(tmp_path / "cache" / "augreg")
+
+
+@pytest.fixture
+def no_bucket(monkeypatch):
+  """Any read of a zoo location (gs:// or not) fails, as the bucket does without network."""
+  def offline(url):
+    raise OSError("Could not resolve host: www.googleapis.com")
+  monkeypatch.setattr(augreg.epath, "Path", offline)
 
 
 def run_zoo(capsys, *argv):
@@ -219,10 +240,15 @@ def test_an_augreg_file_is_described_with_the_index_resolution(zoo_dir, cache_di
   assert described.preprocessing.value_range == (-1.0, 1.0)
 
 
-def test_cached_file_resolves_without_the_zoo(zoo_dir, cache_dir):
+def test_cached_file_resolves_without_the_zoo(zoo_dir, cache_dir, request):
   augreg.resolve(f"augreg:{TI}", zoo_dir=zoo_dir, progress=False)
   r = augreg.resolve(f"augreg:{TI}", zoo_dir="/nonexistent/augreg", progress=False)
   assert r.path == os.path.join(cache_dir, TI + ".npz") and r.row is None
+  request.getfixturevalue("no_bucket")  # From here on, no zoo can be read.
+  # A cached file is read as it is, even where the Hub has a copy.
+  r = augreg.resolve("augreg:Ti_16", progress=False)
+  assert (r.path, r.source, r.hub_id) == (os.path.join(cache_dir, TI + ".npz"), "bucket",
+                                          "timm/vit_tiny_patch16_224.augreg_in21k")
 
 
 def test_misspelled_filename_lists_close_names(zoo_dir, cache_dir):
@@ -249,18 +275,16 @@ def test_unreachable_zoo_names_the_url_and_the_fix(tmp_path, cache_dir, capsys):
   assert rc == 2 and f"No index.csv in {missing}" in err
 
 
-def test_unreachable_bucket_names_the_url_and_the_fix(cache_dir, monkeypatch):
-  """The default gs:// zoo, offline (as on this machine): epath fails to connect."""
-  def offline(url):
-    raise OSError("Could not resolve host: www.googleapis.com")
-  monkeypatch.setattr(augreg.epath, "Path", offline)
+def test_unreachable_bucket_names_the_url_and_the_fix(cache_dir, no_bucket, monkeypatch):
+  """The bucket named as the zoo, offline (as on this machine): epath fails to connect."""
+  monkeypatch.setenv("VIT_JAX_AUGREG_DIR", augreg.DEFAULT_ZOO_DIR)
   index = f"{augreg.DEFAULT_ZOO_DIR}/index.csv"
   with pytest.raises(augreg.ZooError) as e:
     augreg.resolve("augreg:S_16")
   assert str(e.value).startswith(f"Cannot read {index} (OSError: Could not resolve host")
   assert f"gsutil cp {index} {cache_dir}/index.csv" in str(e.value)
   assert "https://storage.googleapis.com/vit_models/augreg/index.csv" in str(e.value)
-  assert "augreg:FILENAME" in str(e.value)
+  assert "augreg:FILENAME" in str(e.value) and "refuses anonymous reads" in str(e.value)
 
   npz = f"{augreg.DEFAULT_ZOO_DIR}/{TI}.npz"
   with pytest.raises(augreg.ZooError) as e:
@@ -271,6 +295,150 @@ def test_unreachable_bucket_names_the_url_and_the_fix(cache_dir, monkeypatch):
       str(e.value))
   assert os.listdir(cache_dir) == []  # No partial file.
   assert augreg.is_spec(f"augreg:{TI}") and not augreg.is_spec(f"{TI}.npz")
+
+
+# The table of Hub copies, and resolving to them first.
+
+AUGREG_TAGS = ("augreg_in21k", "augreg_in21k_ft_in1k", "augreg_in1k")
+
+
+def test_the_shipped_table_is_what_installed_timm_publishes():
+  """augreg_hub.csv equals what build_hub_table makes from this timm (the version it names
+  aside); refresh it as CONTRIBUTING.md says when this fails."""
+  _, timm = timm_models.import_torch()
+  def facts(entries):
+    return [e | {"source": re.sub(r"timm [^ ]+ ", "timm ", e["source"])} for e in entries]
+  shipped = augreg.hub_table()
+  assert facts(augreg.build_hub_table()) == facts(shipped)
+  # Every AugReg cfg of timm names its bucket file (none is left out for lack of a url).
+  from timm.models import get_pretrained_cfg
+  augreg_cfgs = [n for n in timm.list_pretrained() if n.partition(".")[2] in AUGREG_TAGS]
+  assert augreg_cfgs and all((get_pretrained_cfg(n).url or "").startswith(augreg.BUCKET_URL)
+                             for n in augreg_cfgs)
+  assert {e["hub"] for e in shipped if e["hub"]} == {f"timm/{n}" for n in augreg_cfgs}
+  # The README's nine recommendations, each pre-trained file and its fine-tuning at 384 px.
+  fine_tuned = [e for e in shipped if e["recommended"] == "fine-tuned"]
+  accuracy = {e["filename"].split("--")[0]: e["imagenet_top1"] for e in fine_tuned}
+  assert [accuracy[upstream] for upstream, _, _ in augreg.RECOMMENDED] == [
+      85.59, 85.49, 83.73, 85.99, 83.85, 78.22, 83.59, 79.58, 75.40]
+  assert all(e["adapt_resolution"] == 384 and e["adapt_ds"] == "imagenet2012" for e in fine_tuned)
+  assert sum(e["recommended"] == "pre-trained" for e in shipped) == 9
+  no_copy = [e["filename"] for e in shipped if not e["hub"]]
+  assert "L_16-i21k-300ep-lr_0.001-aug_strong1-wd_0.1-do_0.0-sd_0.0" in no_copy and R26 in no_copy
+  row = augreg.hub_entry(S16 + IMNET_384)
+  assert row == {"filename": S16 + IMNET_384, "model": "ViT-S_16", "ds": "i21k",
+                 "adapt_ds": "imagenet2012", "adapt_resolution": 384,
+                 "hub": "timm/vit_small_patch16_384.augreg_in21k_ft_in1k",
+                 "timm_tag": "augreg_in21k_ft_in1k", "recommended": "fine-tuned",
+                 "imagenet_top1": 83.73, "source": row["source"]}
+  assert re.fullmatch(r"timm [^ ]+ pretrained cfg; google-research/vision_transformer README",
+                      row["source"])
+
+
+def test_a_model_name_resolves_to_the_hub_copy_of_the_recommended_file(cache_dir, no_bucket):
+  r = augreg.resolve("augreg:S_16")  # No index, no zoo read: the README's choice.
+  assert (r.path, r.source, r.hub_id) == ("hf-hub:timm/vit_small_patch16_224.augreg_in21k", "hub",
+                                          "timm/vit_small_patch16_224.augreg_in21k")
+  assert (r.filename, r.model_name, r.image_size, r.adapt_ds, r.row) == (
+      S16, "ViT-S_16", 224, None, None)
+  hybrid = augreg.resolve(f"augreg:{R_TI}")
+  assert (hybrid.path, hybrid.model_name) == (
+      "hf-hub:timm/vit_tiny_r_s16_p8_224.augreg_in21k", "R+ViT-Ti_16")
+  for upstream, _, _ in augreg.RECOMMENDED:
+    model = upstream.split("-")[0]
+    assert augreg.recommended(model) == upstream
+  assert not os.path.exists(cache_dir)  # Nothing was copied.
+
+
+def test_an_adapted_file_resolves_to_its_hub_copy_at_its_resolution(cache_dir, no_bucket):
+  r = augreg.resolve(f"augreg:{S16}{IMNET_384}.npz")
+  assert (r.path, r.source, r.model_name, r.image_size, r.adapt_ds) == (
+      "hf-hub:timm/vit_small_patch16_384.augreg_in21k_ft_in1k", "hub", "ViT-S_16", 384,
+      "imagenet2012")
+  r = augreg.resolve(f"augreg:{R_TI}{IMNET_384}")
+  assert (r.path, r.image_size) == ("hf-hub:timm/vit_tiny_r_s16_p8_384.augreg_in21k_ft_in1k", 384)
+
+
+def test_a_named_zoo_is_read_even_for_a_file_with_a_hub_copy(zoo_dir, cache_dir, monkeypatch):
+  r = augreg.resolve(f"augreg:{TI}{IMNET_384}", zoo_dir=zoo_dir, progress=False)
+  assert (r.source, r.path) == ("bucket", os.path.join(cache_dir, f"{TI}{IMNET_384}.npz"))
+  assert r.hub_id == "timm/vit_tiny_patch16_384.augreg_in21k_ft_in1k" and r.row is not None
+  monkeypatch.setenv("VIT_JAX_AUGREG_DIR", zoo_dir)
+  assert augreg.resolve(f"augreg:{R_TI}", progress=False).source == "bucket"
+
+
+def test_a_file_without_a_hub_copy_falls_back_to_the_bucket(zoo_dir, cache_dir, monkeypatch):
+  """R26_S_32's recommended file is not on the Hub: the bucket (here a local copy) has it."""
+  monkeypatch.setattr(augreg, "DEFAULT_ZOO_DIR", zoo_dir)
+  r = augreg.resolve("augreg:R26_S_32", progress=False)
+  assert (r.filename, r.source, r.hub_id, r.model_name, r.image_size) == (
+      R26, "bucket", None, "R26+ViT-S_32", 224)
+  assert r.path == os.path.join(cache_dir, R26 + ".npz") and os.path.isfile(r.path)
+  assert r.row["final_val"] == 0.4385  # The index, readable here, checked the name.
+
+
+def test_a_bucket_only_file_offline_names_the_url_and_close_names(cache_dir, no_bucket):
+  b32 = "B_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0"  # Recommended, not on the Hub.
+  with pytest.raises(augreg.ZooError) as e:
+    augreg.resolve("augreg:B_32")
+  assert str(e.value).startswith(f"Cannot read {augreg.DEFAULT_ZOO_DIR}/{b32}.npz (OSError")
+  assert "refuses anonymous reads since February 2026" in str(e.value)
+  typo = S16.replace("light1", "light2")
+  with pytest.raises(augreg.ZooError, match="not in vit_jax's table of AugReg files") as e:
+    augreg.resolve(f"augreg:{typo}")
+  assert f"\n  {S16}" in str(e.value)
+  with pytest.raises(augreg.ZooError, match="recommends no checkpoint of B_8") as e:
+    augreg.resolve("augreg:B_8")  # Choosing one needs the index.
+  assert "augreg:B_8-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0\n" in str(e.value)
+
+
+# list and fetch without a zoo: the shipped table, the Hub.
+
+def test_list_offline_prints_the_shipped_table_and_its_source(cache_dir, zoo_dir, no_bucket,
+                                                              capsys):
+  rc, out, err = run_zoo(capsys, "list")
+  lines = out.splitlines()
+  assert rc == 0 and err == ""
+  assert lines[0].split() == ["filename", "model", "ds", "final_val", "imagenet_top1", "hub"]
+  assert len(lines) == len(augreg.hub_table()) + 2  # Every row, then the source.
+  assert re.fullmatch(r"source: timm [^ ]+ pretrained cfgs; google-research/vision_transformer "
+                      r"README \(augreg_hub.csv\)", lines[-1])
+  by_name = {line.split()[0]: line.split()[1:] for line in lines[1:-1]}
+  assert by_name[S16] == ["ViT-S_16", "i21k", "-", "-", "timm/vit_small_patch16_224.augreg_in21k"]
+  assert by_name[R26] == ["R26+ViT-S_32", "i21k", "-", "-", "-"]  # No Hub copy: listed.
+  assert by_name[S16 + IMNET_384][3] == "83.73"
+
+  os.makedirs(cache_dir)  # An index.csv fetched earlier gives final_val.
+  with open(os.path.join(zoo_dir, "index.csv")) as f, open(f"{cache_dir}/index.csv", "w") as g:
+    g.write(f.read())
+  rc, out, err = run_zoo(capsys, "list", "--model", "R26+S/32", "--upstream", "--format", "csv")
+  rows = list(csv.DictReader(out.splitlines()))
+  assert rc == 0 and [(r["filename"], r["hub"], r["final_val"]) for r in rows] == [
+      (R26, "", "0.4385"), (R26.replace("light1-wd_0.1", "medium2-wd_0.03"),
+                            "timm/vit_small_r26_s32_224.augreg_in21k", "")]
+  assert err.startswith("source: timm") and f"final_val: {cache_dir}/index.csv" in err
+  rc, out, _ = run_zoo(capsys, "list", "--adapt_resolution", "384", "--name", "Ti/16",
+                       "--format", "json")
+  assert [r["filename"] for r in json.loads(out)] == [TI + IMNET_384]
+
+
+def test_fetch_downloads_a_hub_copy_into_huggingface_hubs_cache(cache_dir, hub_offline,
+                                                                 no_bucket, capsys):
+  repo = hub_offline / "models--timm--vit_small_patch16_224.augreg_in21k"
+  snapshot = repo / "snapshots" / ("0" * 40)
+  snapshot.mkdir(parents=True)
+  (repo / "refs").mkdir()
+  (repo / "refs" / "main").write_text("0" * 40)
+  (snapshot / "config.json").write_text("{}")
+  rc, out, err = run_zoo(capsys, "fetch", "S_16")
+  assert rc == 0 and out == f"{snapshot}\tViT-S_16\t224px\n"
+  assert "Hugging Face Hub, timm/vit_small_patch16_224.augreg_in21k" in err
+  rc, out, err = run_zoo(capsys, "fetch", "Ti_16")  # Not in the cache, and offline.
+  assert rc == 2 and out == ""
+  assert err.splitlines()[-1].startswith(
+      "error: Cannot download timm/vit_tiny_patch16_224.augreg_in21k from the Hugging Face Hub "
+      "(LocalEntryNotFoundError")
+  assert len([line for line in err.splitlines() if "Cannot download" in line]) == 1
 
 
 # Starting work from `augreg:`: fine-tune a few steps, few-shot sweep, through the entry points.

@@ -47,10 +47,18 @@ def load_images(source: str, split: str = "test", data_dir: str | None = None,
 
 
 def preprocess(images: Sequence[np.ndarray], image_size: int,
-               value_range: tuple[float, float] = (-1.0, 1.0)) -> np.ndarray:
-  """As the evaluation pipeline: resize, grayscale to RGB, scale to `value_range`."""
-  return np.stack([pp.gray_to_rgb(pp.value_range(pp.resize(tf.constant(im), image_size),
-                                                 *value_range)).numpy() for im in images])
+               preprocessing: checkpoint.Preprocessing | tuple[float, float] = (
+                   checkpoint.Preprocessing())) -> np.ndarray:
+  """As the evaluation pipeline (`pp.apply_preprocessing`): fitted to image_size,
+  grayscale to RGB, normalised as the checkpoint's description says
+  (`ckpt.description.preprocessing`); a (low, high) pair stands for its value range."""
+  if preprocessing is None:  # A description's value_range where it states mean and std.
+    raise ValueError("explore.preprocess takes the checkpoint's Preprocessing "
+                     "(ckpt.description.preprocessing): it normalises by mean and std.")
+  if not isinstance(preprocessing, checkpoint.Preprocessing):
+    preprocessing = checkpoint.Preprocessing(value_range=tuple(preprocessing))
+  return np.stack([pp.apply_preprocessing(tf.constant(im), preprocessing, image_size).numpy()
+                   for im in images])
 
 
 def predict(ckpt: checkpoint.Loaded, batch: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:

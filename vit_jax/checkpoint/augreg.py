@@ -1,19 +1,30 @@
-"""The AugReg checkpoints by name: the zoo's index.csv, a local cache, `augreg:` specs.
+"""The AugReg checkpoints by name: copies on the Hugging Face Hub first, else the zoo's
+index.csv and .npz files, a local cache, `augreg:` specs.
 
 "How to train your ViT?" (Steiner et al., 2021) released ~50k checkpoints in
 gs://vit_models/augreg, one `FILENAME.npz` per upstream (pre-training) run and per
 fine-tuning ("adaptation") of it, described by `index.csv`: one row per adaptation,
-columns `filename` (upstream) and `adapt_filename`. Specs:
+columns `filename` (upstream) and `adapt_filename`. Since February 2026 the bucket refuses
+anonymous reads (google-research/vision_transformer issue 321); timm publishes the
+checkpoints it uses on the Hugging Face Hub as `timm/ARCH.TAG`. `augreg_hub.csv`, beside
+this file, maps those filenames to their Hub copies (`build_hub_table` makes it from the
+installed timm's pretrained cfgs and the vision_transformer README's recommended
+checkpoints). Specs:
 
-  augreg:S_16      the recommended upstream checkpoint of S_16 (see `best_checkpoint`)
+  augreg:S_16      the recommended upstream checkpoint of S_16 (the README's table; with
+                   a zoo folder given, `best_checkpoint` of its index)
   augreg:FILENAME  any `filename` or `adapt_filename` of the index, `.npz` optional
 
+`resolve` gives `hf-hub:timm/ARCH.TAG` for a file with a Hub copy, else the .npz copied
+from the zoo folder (the bucket, or $VIT_JAX_AUGREG_DIR / `zoo_dir`: a copy the user
+names is always read, Hub copy or not) into the cache; a cached .npz is used as it is.
 The model comes from the name (`R26_S_32-...` -> `R26+ViT-S_32`), the resolution
 from the file (`...-res_384` -> 384; upstream checkpoints were trained at 224).
 """
 import csv
 import dataclasses
 import difflib
+import functools
 import io
 import os
 import re
@@ -25,6 +36,7 @@ from etils import epath
 from vit_jax import models
 
 PREFIX = "augreg:"
+HUB_PREFIX = "hf-hub:"  # `Resolved.path` of a file read from its Hub copy.
 DEFAULT_ZOO_DIR = "gs://vit_models/augreg"
 UPSTREAM_RESOLUTION = 224
 
@@ -49,6 +61,34 @@ MODELS = {
 
 Row = dict[str, Any]
 
+# The table of AugReg files and their copies on the Hugging Face Hub, shipped with the
+# package (setup.py's package_data); `write_hub_table` rebuilds it (CONTRIBUTING.md).
+HUB_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "augreg_hub.csv")
+HUB_COLUMNS = ("filename", "model", "ds", "adapt_ds", "adapt_resolution", "hub", "timm_tag",
+               "recommended", "imagenet_top1", "source")
+HUB_FILES = ("*.json", "*.safetensors")  # What `fetch_hub` downloads of a timm repository.
+BUCKET_URL = "https://storage.googleapis.com/vit_models/augreg/"  # As timm's cfgs name files.
+README = "google-research/vision_transformer README"
+# That README's "We recommend using the following checkpoints": the upstream filename, the
+# learning rate of its `--imagenet2012-steps_20k-lr_LR-res_384` fine-tuning, and that
+# fine-tuning's ImageNet accuracy (%).
+RECOMMENDED = (
+    ("L_16-i21k-300ep-lr_0.001-aug_strong1-wd_0.1-do_0.0-sd_0.0", "0.01", 85.59),
+    ("B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0", "0.03", 85.49),
+    ("S_16-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0", "0.03", 83.73),
+    ("R50_L_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1", "0.01", 85.99),
+    ("R26_S_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0", "0.01", 83.85),
+    ("Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0", "0.03", 78.22),
+    ("B_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0", "0.01", 83.59),
+    ("S_32-i21k-300ep-lr_0.001-aug_none-wd_0.1-do_0.0-sd_0.0", "0.01", 79.58),
+    ("R_Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0", "0.03", 75.40),
+)
+# What a filename says about its checkpoint (the index's columns of the same names).
+_FILENAME = re.compile(
+    r"^(?P<model>[^-]+)-(?P<ds>[^-]+)-(?P<epochs>\d+)ep-lr_(?P<lr>[^-]+)-aug_(?P<aug>[^-]+)"
+    r"-wd_(?P<wd>[^-]+)-do_(?P<do>[^-]+)-sd_(?P<sd>[^-]+)(?:--(?P<adapt_ds>.+)"
+    r"-steps_(?P<adapt_steps>\d+)k-lr_(?P<adapt_lr>[^-]+)-res_(?P<adapt_resolution>\d+))?$")
+
 
 class ZooError(ValueError):
   """An AugReg name, index or checkpoint that cannot be found or reached."""
@@ -56,13 +96,15 @@ class ZooError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Resolved:
-  path: str                 # The local .npz, in the cache.
+  path: str                 # The local .npz (in the cache), or `hf-hub:timm/ARCH.TAG`.
   filename: str             # Without `.npz`.
   model: str                # AugReg name, e.g. "R26_S_32".
   model_name: str           # Registry name, e.g. "R26+ViT-S_32".
   image_size: int           # 224 upstream, N for an adapted `...-res_N`.
   adapt_ds: str | None      # The fine-tuning dataset of an adapted checkpoint.
   row: Row | None = None    # Its index row, when the index was read.
+  source: str = "bucket"    # "hub": `path` is its Hub copy; "bucket": a .npz of the zoo.
+  hub_id: str | None = None  # `timm/ARCH.TAG` where the table names a Hub copy.
 
 
 def is_spec(path: str) -> bool:
@@ -105,6 +147,11 @@ def _unreachable(url: str, dest: str, cause: Exception, fetch_hint: bool = True)
                "holding the bucket's files)")
   else:
     how.append("A checkpoint named by its full filename (augreg:FILENAME) needs no index.")
+  if url.startswith("gs://vit_models/"):
+    how.append("The bucket refuses anonymous reads since February 2026 (google-research/"
+               "vision_transformer issue 321): gsutil with a Google account, or a copy of the "
+               "files, still works; `vit-zoo list` names the checkpoints with a Hugging Face "
+               "Hub copy, which need neither.")
   return ZooError(f"Cannot read {url} ({type(cause).__name__}: {cause}).\nPlace the file in the "
                   "cache by hand, with one of:\n" + "\n".join(how))
 
@@ -242,6 +289,168 @@ def image_size(filename: str) -> int:
   return int(m.group(1)) if m else UPSTREAM_RESOLUTION
 
 
+# The table of AugReg files and their Hub copies (augreg_hub.csv).
+
+def parse_filename(filename: str) -> Row:
+  """What an AugReg filename says, typed as the index's columns of the same names: ds,
+  epochs, lr, aug, wd, do, sd and adapt_ds, adapt_steps (thousands, as the name rounds
+  them), adapt_lr, adapt_resolution (None for an upstream file); {} for another name."""
+  m = _FILENAME.match(filename.removesuffix(".npz"))
+  if not m:
+    return {}
+  out = {}
+  try:
+    for key, text in m.groupdict().items():
+      if key == "adapt_steps" and text is not None:
+        out[key] = int(text) * 1000
+      elif key != "model":
+        out[key] = _number(key, text) if text and key in _INT_COLUMNS | _FLOAT_COLUMNS else text
+  except ZooError:
+    return {}
+  return out
+
+
+def index_name(model: str) -> str:
+  """The index's `name` of a model (any spelling `model_key` takes): "R26_S_32" -> "R26+S/32"."""
+  head, _, patch = model_key(model).rpartition("_")
+  return f"{head.replace('_', '+', 1) if head.startswith('R') else head}/{patch}"
+
+
+def _typed_entry(raw: dict[str, str]) -> Row:
+  entry: Row = {c: raw.get(c) or None for c in HUB_COLUMNS}
+  if entry["adapt_resolution"]:
+    entry["adapt_resolution"] = int(entry["adapt_resolution"])
+  if entry["imagenet_top1"]:
+    entry["imagenet_top1"] = float(entry["imagenet_top1"])
+  return entry
+
+
+@functools.cache
+def _read_hub_table() -> tuple[Row, ...]:
+  try:
+    with open(HUB_TABLE, encoding="utf-8", newline="") as f:
+      return tuple(_typed_entry(raw) for raw in csv.DictReader(f))
+  except OSError as e:
+    raise ZooError(f"vit_jax's table of AugReg files cannot be read ({e}); reinstall "
+                   "vit_jax, whose package data holds it.") from e
+
+
+def hub_table() -> list[Row]:
+  """The shipped table, one row per AugReg file that timm publishes on the Hugging Face Hub
+  or that the vision_transformer README recommends: its columns are HUB_COLUMNS (`hub`
+  `timm/ARCH.TAG` or None; `recommended` "pre-trained" / "fine-tuned" or None;
+  `imagenet_top1` the README's accuracy in %; `source` where these facts come from)."""
+  return [dict(e) for e in _read_hub_table()]
+
+
+def hub_entry(filename: str) -> Row | None:
+  """The table's row of `filename` (without `.npz`), None where it has none."""
+  return next((dict(e) for e in _read_hub_table() if e["filename"] == filename), None)
+
+
+def recommended(model: str) -> str | None:
+  """The README's recommended upstream filename of `model`; None where it names none (B_8)."""
+  key = model_key(model)
+  return next((e["filename"] for e in _read_hub_table() if e["recommended"] == "pre-trained"
+               and e["filename"].split("-")[0] == key), None)
+
+
+def _new_entry(filename: str, **facts: Any) -> Row:
+  said = parse_filename(filename)
+  entry = dict.fromkeys(HUB_COLUMNS)
+  entry.update(filename=filename, model=registry_name(filename.split("-")[0]), ds=said["ds"],
+               adapt_ds=said["adapt_ds"], adapt_resolution=said["adapt_resolution"], **facts)
+  return entry
+
+
+def build_hub_table() -> list[Row]:
+  """The table from its sources: every pretrained cfg of the installed timm whose `url` is a
+  file of gs://vit_models/augreg (its `hf_hub_id` the Hub copy; in timm 1.0.31 every AugReg
+  cfg has one, while its `augreg2_*` and `orig_*` cfgs name no AugReg file and are left
+  out), and RECOMMENDED, the README's table (rows timm lacks get no Hub copy)."""
+  import timm  # The test extra holds timm: only refreshing the table needs it.
+  from timm.models import get_pretrained_cfg
+  source = f"timm {timm.__version__} pretrained cfg"
+  table = {}
+  for name in timm.list_pretrained():
+    cfg = get_pretrained_cfg(name)
+    url = (cfg.url if cfg else None) or ""
+    if url.startswith(BUCKET_URL):
+      filename = url[len(BUCKET_URL):].removesuffix(".npz")
+      table[filename] = _new_entry(filename, hub=cfg.hf_hub_id or None,
+                                   timm_tag=name.partition(".")[2], source=source)
+  for upstream, lr, top1 in RECOMMENDED:
+    adapted = f"{upstream}--imagenet2012-steps_20k-lr_{lr}-res_384"
+    for filename, kind, accuracy in ((upstream, "pre-trained", None),
+                                     (adapted, "fine-tuned", top1)):
+      entry = table.setdefault(filename, _new_entry(filename))
+      entry.update(recommended=kind, imagenet_top1=accuracy,
+                   source="; ".join(s for s in (entry["source"], README) if s))
+  order = list(MODELS)
+  return sorted(table.values(), key=lambda e: (order.index(e["filename"].split("-")[0]),
+                                               e["filename"]))
+
+
+def format_hub_table(entries: Iterable[Row]) -> str:
+  """The table as augreg_hub.csv holds it (None as an empty cell)."""
+  out = io.StringIO()
+  writer = csv.DictWriter(out, HUB_COLUMNS, lineterminator="\n")
+  writer.writeheader()
+  writer.writerows({k: "" if v is None else f"{v:.2f}" if k == "imagenet_top1" else v
+                    for k, v in e.items()} for e in entries)
+  return out.getvalue()
+
+
+def write_hub_table(path: str = HUB_TABLE) -> int:
+  """Rebuilds the shipped table from the installed timm (CONTRIBUTING.md); its row count."""
+  entries = build_hub_table()
+  with open(path, "w", encoding="utf-8", newline="") as f:
+    f.write(format_hub_table(entries))
+  _read_hub_table.cache_clear()
+  return len(entries)
+
+
+# What `vit-zoo list` shows without an index: the table, in the index's columns.
+CATALOG_COLUMNS = ("filename", "name", "model", "ds", "epochs", "lr", "aug", "wd", "do", "sd",
+                   "adapt_ds", "adapt_steps", "adapt_lr", "adapt_resolution", "final_val",
+                   "imagenet_top1", "hub", "timm_tag", "recommended", "source")
+
+
+def catalog(cache_dir: str | None = None) -> tuple[list[Row], str | None]:
+  """The table's files as rows (CATALOG_COLUMNS: the index's columns that their names say,
+  the table's own, `final_val` from the zoo's index.csv where the cache holds one), read
+  without network; and the path of that index.csv, or None."""
+  index = os.path.join(_cache(cache_dir), "index.csv")
+  final_val = {}
+  if os.path.isfile(index):
+    with open(index, encoding="utf-8") as f:
+      for r in parse_index(f.read()):
+        final_val[r["filename"]] = final_val[r["adapt_filename"]] = r["final_val"]
+  rows = []
+  for e in _read_hub_table():
+    row = dict.fromkeys(CATALOG_COLUMNS) | parse_filename(e["filename"]) | e
+    rows.append(row | {"name": index_name(e["filename"].split("-")[0]),
+                       "final_val": final_val.get(e["filename"])})
+  return rows, index if final_val else None
+
+
+def fetch_hub(repo_id: str) -> str:
+  """The local folder of `repo_id`'s config and weights, downloaded by huggingface_hub into
+  its own cache ($HF_HUB_CACHE, else $HF_HOME/hub) unless they are there already."""
+  try:
+    import huggingface_hub
+  except ImportError as e:
+    raise ZooError(f"Reading {repo_id} needs huggingface_hub: pip install huggingface_hub") from e
+  try:
+    return huggingface_hub.snapshot_download(repo_id, allow_patterns=list(HUB_FILES))
+  except Exception as e:  # Offline, unreachable, not found: each its own huggingface_hub error.
+    cause = (str(e).strip().splitlines() or [""])[0]
+    raise ZooError(f"Cannot download {repo_id} from the Hugging Face Hub ({type(e).__name__}: "
+                   f"{cause}). Without network, only what huggingface_hub's cache holds can be "
+                   "read; or set $VIT_JAX_AUGREG_DIR to a folder holding the bucket's "
+                   "files.") from e
+
+
 def copy_to_cache(url: str, dest: str, progress: bool = True, chunk_bytes: int = 1 << 22,
                   fetch_hint: bool = True) -> None:
   """Copies `url` (any epath location) to the local `dest` through a temporary file in
@@ -295,18 +504,47 @@ def _unknown_filename(rows: Sequence[Row], filename: str) -> ZooError:
   return ZooError(f"{filename!r} is not in the AugReg index. {hint}")
 
 
-def resolve(spec: str, zoo_dir: str | None = None, cache_dir: str | None = None,
-            progress: bool = True) -> Resolved:
-  """`augreg:S_16` or `augreg:FILENAME[.npz]` (the prefix is optional) -> the cached
-  .npz, its model and resolution. A cached file needs no index and no network."""
-  name = spec.removeprefix(PREFIX).removesuffix(".npz")
-  zoo_dir, cache_dir = zoo_dir or default_zoo_dir(), _cache(cache_dir)
-  model = model_key(name.split("-")[0])
-  row = None
-  if "-" not in name:  # A model name: the index chooses.
-    row = upstream_row(best_checkpoint(read_index(zoo_dir, cache_dir), model))
-    name = row["filename"]
-  elif not os.path.exists(os.path.join(cache_dir, f"{name}.npz")):
+def _explicit_zoo(zoo_dir: str | None) -> str | None:
+  """The zoo folder the user named (`zoo_dir`, else $VIT_JAX_AUGREG_DIR): a copy of theirs,
+  read even for files with a Hub copy."""
+  return zoo_dir or os.environ.get("VIT_JAX_AUGREG_DIR") or None
+
+
+def _with_hub_copy(model: str) -> str:
+  names = [e["filename"] for e in _read_hub_table() if e["hub"]
+           and e["filename"].split("-")[0] == model]
+  return ("Or name one with a Hugging Face Hub copy:\n  " + "\n  ".join(
+      f"augreg:{n}" for n in names)) if names else f"List them with: vit-zoo list --model {model}"
+
+
+def _choose(model: str, explicit: str | None, cache_dir: str) -> tuple[str, Row | None]:
+  """The file `augreg:MODEL` stands for: the README's recommended one, or with a zoo folder
+  given (or none recommended) the index's `best_checkpoint`; and that index row."""
+  if not explicit and (filename := recommended(model)):
+    return filename, None
+  try:
+    rows = read_index(explicit, cache_dir)
+  except ZooError as e:
+    if explicit:
+      raise
+    raise ZooError(f"The {README} recommends no checkpoint of {model}, and the zoo's index, "
+                   f"which would choose one, cannot be read: {e}\n{_with_hub_copy(model)}") from e
+  row = upstream_row(best_checkpoint(rows, model))
+  return row["filename"], row
+
+
+def _close_in_table(filename: str) -> str:
+  close = difflib.get_close_matches(filename, [e["filename"] for e in _read_hub_table()],
+                                    n=3, cutoff=0.9)
+  return ("\nIt is not in vit_jax's table of AugReg files either; close names there:\n  " +
+          "\n  ".join(close)) if close else ""
+
+
+def _from_zoo(name: str, row: Row | None, zoo_dir: str, cache_dir: str, progress: bool,
+              in_table: bool) -> tuple[str, Row | None]:
+  """The cached .npz of `name`, copied from `zoo_dir` unless it is there, and its index row
+  (the index is read, where it can be, to check a name that is not cached)."""
+  if row is None and not os.path.exists(os.path.join(cache_dir, f"{name}.npz")):
     try:
       rows = read_index(zoo_dir, cache_dir)
     except ZooError:
@@ -316,7 +554,37 @@ def resolve(spec: str, zoo_dir: str | None = None, cache_dir: str | None = None,
       if row is None:
         raise _unknown_filename(rows, name)
       row = row if "--" in name else upstream_row(row)
-  path = fetch(name, zoo_dir, cache_dir, progress)
+  try:
+    return fetch(name, zoo_dir, cache_dir, progress), row
+  except ZooError as e:
+    if in_table or not (hint := _close_in_table(name)):
+      raise
+    raise ZooError(f"{e}{hint}") from e
+
+
+def resolve(spec: str, zoo_dir: str | None = None, cache_dir: str | None = None,
+            progress: bool = True) -> Resolved:
+  """`augreg:S_16` or `augreg:FILENAME[.npz]` (the prefix is optional) -> where to read it,
+  its model and resolution. A file with a Hub copy (`hub_table`) resolves to
+  `hf-hub:timm/ARCH.TAG` (source "hub": nothing is read here), unless its .npz is in the
+  cache or the user named a zoo folder (`zoo_dir`, $VIT_JAX_AUGREG_DIR); any other file to
+  its .npz in the cache, copied there from the zoo folder (default: the bucket) once. A
+  cached file needs no index and no network."""
+  name = spec.removeprefix(PREFIX).removesuffix(".npz")
+  explicit, cache_dir = _explicit_zoo(zoo_dir), _cache(cache_dir)
+  model = model_key(name.split("-")[0])
+  row = None
+  if "-" not in name:  # A model name: the README's table chooses, or a given zoo's index.
+    name, row = _choose(model, explicit, cache_dir)
+  entry = hub_entry(name)
+  hub_id = entry["hub"] if entry else None
+  if hub_id and not explicit and not os.path.exists(os.path.join(cache_dir, f"{name}.npz")):
+    path, source = HUB_PREFIX + hub_id, "hub"
+  else:
+    path, row = _from_zoo(name, row, explicit or default_zoo_dir(), cache_dir, progress,
+                          entry is not None)
+    source = "bucket"
   adapt_ds = name.split("--")[1].split("-")[0] if "--" in name else None
   return Resolved(path=path, filename=name, model=model, model_name=MODELS[model],
-                  image_size=image_size(name), adapt_ds=adapt_ds, row=row)
+                  image_size=image_size(name), adapt_ds=adapt_ds, row=row, source=source,
+                  hub_id=hub_id)

@@ -15,9 +15,16 @@ from typing import Any, Mapping
 import numpy as np
 
 from vit_jax.data import config as data_config
+# What the input preprocessing is (value range or mean and std, crop, interpolation) lives
+# beside the data transforms that apply it; checkpoint.Preprocessing is the same class.
+from vit_jax.data.input_contract import Preprocessing
 
 DESCRIPTION_KEY = "__vit_jax_description__"  # The .npz entry (a 0-d unicode array of JSON).
-FORMAT = 1
+# 2: the preprocessing may give mean, std and interpolation. A description without them
+# (no mean and std, bilinear) is written without those keys as format 1, which vit_jax
+# versions before them read; theirs refuse format 2 saying to upgrade.
+FORMAT = 2
+_PREPROCESSING_SINCE_2 = {"mean": None, "std": None, "interpolation": "bilinear"}
 # The official code's and big_vision's evaluation input: bilinear resize to the resolution,
 # RGB, [0, 255] -> [-1, 1], as the input pipeline's defaults.
 RELEASED_VALUE_RANGE = data_config.DEFAULT_VALUE_RANGE
@@ -29,21 +36,6 @@ _OUTPUT_OF_LOSS = {"softmax_xent": "softmax", "sigmoid_xent": "sigmoid"}
 
 class DescriptionMismatch(ValueError):
   """A command's explicit option says otherwise than the checkpoint's description."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Preprocessing:
-  """What turns a decoded uint8 image into the model's input, at evaluation."""
-  value_range: tuple[float, float] = RELEASED_VALUE_RANGE  # [0, 255] maps onto it.
-  crop: str = RELEASED_CROP  # data.EVAL_CROPS: 'resize' or 'central_crop'.
-  central_crop_fraction: float = 0.875  # 'central_crop': resize to size / fraction, crop.
-  channels: int = 3  # The model sees RGB; grayscale images are repeated to 3 channels.
-
-  @classmethod
-  def from_data_config(cls, data: Mapping[str, Any]) -> "Preprocessing":
-    """The evaluation preprocessing of a `config.data` (its value_range resolved)."""
-    return cls(value_range=tuple(float(v) for v in data["value_range"]),
-               crop=data["eval_crop"], central_crop_fraction=float(data["central_crop_fraction"]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +66,12 @@ class Description:
     return dataclasses.replace(self, **changes)
 
   def to_dict(self) -> dict[str, Any]:
-    return json.loads(json.dumps({"format": FORMAT, **dataclasses.asdict(self)}, default=list))
+    d = json.loads(json.dumps(dataclasses.asdict(self), default=list))
+    pre = d["preprocessing"]
+    if all(pre[k] == v for k, v in _PREPROCESSING_SINCE_2.items()):
+      d["preprocessing"] = {k: v for k, v in pre.items() if k not in _PREPROCESSING_SINCE_2}
+      return {"format": 1, **d}
+    return {"format": FORMAT, **d}
 
   def to_json(self) -> str:
     return json.dumps(self.to_dict(), sort_keys=True)
@@ -85,10 +82,7 @@ class Description:
     if d.pop("format", FORMAT) > FORMAT:
       raise ValueError("the checkpoint's description was written by a newer vit_jax: upgrade.")
     d["model"] = {k: tuple(v) if isinstance(v, list) else v for k, v in d["model"].items()}
-    pre = dict(d.get("preprocessing") or {})
-    if "value_range" in pre:
-      pre["value_range"] = tuple(pre["value_range"])
-    d["preprocessing"] = Preprocessing(**pre)
+    d["preprocessing"] = Preprocessing(**(d.get("preprocessing") or {}))  # Lists as tuples.
     d["class_names"] = tuple(d.get("class_names") or ())
     d["assumed"] = tuple(d.get("assumed") or ())
     return cls(**d)
@@ -102,12 +96,13 @@ class Description:
 
   def summary(self) -> str:
     """One line for a log or a report."""
-    low, high = self.preprocessing.value_range
+    pre = self.preprocessing
     parts = [self.model_name or "custom ViT", f"{self.image_size}px",
              f"{self.num_classes or 'no'} classes"
              + (f" ({', '.join(self.class_names[:3])}{', ...' if self.num_classes > 3 else ''})"
                 if self.class_names else ""),
-             f"input [0, 255] -> [{low:g}, {high:g}], {self.preprocessing.crop}"]
+             f"input {pre.normalisation()}, {pre.crop}"
+             + (f", {pre.interpolation}" if pre.interpolation != "bilinear" else "")]
     if self.dataset:
       parts.append(f"trained on {self.dataset}" + (f" to step {self.step}" if self.step else ""))
     if self.assumed:

@@ -1,8 +1,10 @@
 """One way from any checkpoint path to arrays and its description, and to a model with its
 params.
 
-A path is a released-layout .npz (any of the layouts `npz` reads, local or gs://), an
-AugReg name (`augreg:S_16`, `augreg:FILENAME`, fetched into the cache), a training run's
+A path is a released-layout .npz (any of the layouts `npz` reads, local or gs://), a Hugging
+Face Hub checkpoint (`hf-hub:ORG/NAME[@REVISION]`, timm's or transformers' ViT) or a local
+folder of the same files (`hub`), an AugReg name (`augreg:S_16`, `augreg:FILENAME`: the Hub's
+copy, or the bucket's file fetched into the cache), a training run's
 workdir (its latest step) or one of its step directories, or `ema:` and either of the two
 for the moving average of the run's parameters (config.ema_decay). The model, resolution, input
 preprocessing and classes come from the checkpoint's description (`description`); a file
@@ -19,7 +21,7 @@ import numpy as np
 from etils import epath
 
 from vit_jax import models
-from vit_jax.checkpoint import augreg, description as desc_lib, exported, npz, run
+from vit_jax.checkpoint import augreg, description as desc_lib, exported, hub, npz, run
 from vit_jax.checkpoint.description import Description
 from vit_jax.models import lora
 
@@ -108,8 +110,12 @@ def read(path: str) -> tuple[dict[str, np.ndarray], Description, str]:
     return flat, described, f"{EMA_PREFIX}{step_dir}"
   if augreg.is_spec(path):
     resolved = augreg.resolve(path)
+    if hub.is_spec(resolved.path):
+      return hub.read(resolved.path)
     flat = npz.load_npz_flat(resolved.path)
     return flat, _released(flat, resolved.image_size, resolved.model_name), resolved.path
+  if hub.is_spec(path) or hub.is_folder(path):
+    return hub.read(path)
   p = epath.Path(path)
   if not p.exists():
     raise FileNotFoundError(f"No checkpoint at {path}.")
@@ -159,7 +165,8 @@ def describe(path: str) -> Description:
   if exported.is_exported(path):
     return exported.read(path)
   run_dir = path.removeprefix(EMA_PREFIX)
-  if not augreg.is_spec(path) and epath.Path(run_dir).is_dir():  # A run: no arrays to read.
+  if (not augreg.is_spec(path) and not hub.is_spec(path) and not hub.is_folder(path)
+      and epath.Path(run_dir).is_dir()):  # A run: no arrays to read.
     return run.read_step_description(run.latest_step_dir(run_dir))
   return read(path)[1]
 

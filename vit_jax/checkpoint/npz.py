@@ -139,6 +139,8 @@ def infer_model_config(flat: Mapping[str, np.ndarray]) -> dict[str, Any]:
       posemb="learn" if POSEMB_KEY in flat else "sincos2d")
   if "reg" in flat:
     config["num_registers"] = flat["reg"].shape[1]
+  if "fc_norm/scale" in flat:
+    config["fc_norm"] = True
   if "conv_root/kernel" in flat:
     stages = sorted({k.split("/")[0] for k in flat if re.match(r"block\d+/", k)})
     config["resnet_layers"] = tuple(

@@ -1,18 +1,25 @@
-"""Input pipelines: TFDS datasets and image folders -> global jax.Array batches."""
-from vit_jax.data.config import get_data_config
-from vit_jax.data.fashion_mnist import prepare_fashion_mnist
-from vit_jax.data.pipeline import DatasetInfo
-from vit_jax.data.pipeline import dataset_info
-from vit_jax.data.pipeline import eval_iterator
-from vit_jax.data.pipeline import train_iterator
-from vit_jax.data.sources import DataOptionError
+"""Input pipelines: TFDS datasets and image folders -> global jax.Array batches.
 
-__all__ = [
-    "DataOptionError",
-    "DatasetInfo",
-    "dataset_info",
-    "eval_iterator",
-    "get_data_config",
-    "prepare_fashion_mnist",
-    "train_iterator",
-]
+The names below load their module (and TensorFlow) on first use, so that the TensorFlow-free
+parts (`config`, `input_contract`) import without it: reading a checkpoint needs no TF.
+"""
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "DataOptionError": "sources",
+    "DatasetInfo": "pipeline",
+    "dataset_info": "pipeline",
+    "eval_iterator": "pipeline",
+    "get_data_config": "config",
+    "prepare_fashion_mnist": "fashion_mnist",
+    "train_iterator": "pipeline",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+  if name not in _EXPORTS:
+    raise AttributeError(f"module 'vit_jax.data' has no attribute {name!r}")
+  return getattr(importlib.import_module(f"vit_jax.data.{_EXPORTS[name]}"), name)

@@ -34,6 +34,11 @@ def get_data_config() -> ml_collections.ConfigDict:
   # What [0, 255] pixels map onto. None: the range config.pretrained's description records
   # (a fine-tuned model sees what it was trained on), else DEFAULT_VALUE_RANGE.
   c.value_range = ml_collections.FieldReference(None, field_type=tuple)
+  # Or per-channel mean and std of pixels scaled to [0, 1] (timm's and transformers' form):
+  # the input is (pixel / 255 - mean) / std, in place of value_range. None: config.pretrained's
+  # where its description records them, else value_range.
+  c.mean = ml_collections.FieldReference(None, field_type=tuple)
+  c.std = ml_collections.FieldReference(None, field_type=tuple)
   # Mixup's Beta(alpha, alpha), big_vision's `p`; 0 turns it off, else labels are soft targets.
   c.mixup_alpha = 0.0
   # RandAugment after cropping and flipping: randaug_layers ops per image (0: off) at
@@ -96,6 +101,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   for field in ("inception_area", "value_range"):
     _check(_is_pair(cfg[field]) or (field == "value_range" and cfg[field] is None), field,
            cfg[field], "must be a pair (low, high) with low < high")
+  _check_mean_std(cfg)
   _check(0 < cfg.inception_area[0] and cfg.inception_area[1] <= 1, "inception_area",
          cfg.inception_area, "must lie in (0, 1]")
   _check(0 < cfg.central_crop_fraction <= 1, "central_crop_fraction",
@@ -108,6 +114,22 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
          f"must be a number in [0, {MAX_RANDAUG_MAGNITUDE:g}] (10: the TF code's max level)")
 
 
-def value_range(cfg: ml_collections.ConfigDict) -> tuple[float, float]:
-  """cfg.value_range, or the default where it is None."""
-  return tuple(cfg.value_range) if cfg.value_range is not None else DEFAULT_VALUE_RANGE
+def _check_mean_std(cfg: ml_collections.ConfigDict) -> None:
+  for field in ("mean", "std"):
+    value = cfg[field]
+    _check(value is None or (isinstance(value, (tuple, list)) and len(value) == 3 and all(
+        isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value)), field, value,
+        "must be three numbers (red, green, blue), of pixels scaled to [0, 1]")
+  _check(cfg.std is None or min(cfg.std) > 0, "std", cfg.std, "must be > 0 for every channel")
+  if (cfg.mean is None) != (cfg.std is None):
+    missing = "std" if cfg.std is None else "mean"
+    _check(False, missing, None, "give data.mean and data.std together")
+  _check(cfg.mean is None or cfg.value_range is None, "value_range", cfg.value_range,
+         "leave it None where data.mean and data.std are given: they replace it")
+
+
+def value_range(cfg: ml_collections.ConfigDict) -> tuple[float, float] | None:
+  """cfg.value_range; where it is None, the default, unless mean and std replace it (None)."""
+  if cfg.value_range is not None:
+    return tuple(cfg.value_range)
+  return None if cfg.get("mean") is not None else DEFAULT_VALUE_RANGE

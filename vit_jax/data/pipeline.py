@@ -144,20 +144,15 @@ def _augment(cfg: ml_collections.ConfigDict, fitted: bool):
     if cfg.randaug_layers:
       images = randaugment.randaugment(images, randaug_rng, cfg.randaug_layers,
                                        cfg.randaug_magnitude, cfg.randaug_policy)
-    return {"image": pp.value_range(images, *config_lib.value_range(cfg)),
+    # The affine map of evaluation (value range or mean and std), on the augmented images.
+    return {"image": pp.apply_preprocessing(images, pp.Preprocessing.from_data_config(cfg)),
             "label": tf.cast(batch["label"], tf.int32)}
   return fn
 
 
-def _eval_preprocess(cfg: ml_collections.ConfigDict):
+def _eval_preprocess(cfg: ml_collections.ConfigDict, preprocessing: pp.Preprocessing):
   def fn(example):
-    image, size = example["image"], cfg.image_size
-    if cfg.eval_crop == "central_crop":
-      image = pp.resize_small(image, round(size / cfg.central_crop_fraction))
-      image = pp.central_crop(image, size)
-    else:
-      image = pp.resize(image, size)
-    return {"image": pp.gray_to_rgb(pp.value_range(image, *config_lib.value_range(cfg))),
+    return {"image": pp.apply_preprocessing(example["image"], preprocessing, cfg.image_size),
             "label": tf.cast(example["label"], tf.int32),
             "mask": tf.constant(1.0)}
   return fn
@@ -241,12 +236,13 @@ def _train_dataset(cfg: ml_collections.ConfigDict, *, local_batch: int,
 
 
 def _eval_dataset(cfg: ml_collections.ConfigDict, *, local_batch: int,
-                  process_index: int,
-                  process_count: int) -> tuple[tf.data.Dataset, int]:
+                  process_index: int, process_count: int,
+                  preprocessing: pp.Preprocessing | None = None
+                  ) -> tuple[tf.data.Dataset, int]:
   """This process's local batches of one eval pass, and their number.
 
   Every process yields the same number of batches: the largest shard's,
-  padded with mask=0 examples.
+  padded with mask=0 examples. `preprocessing`: a checkpoint's, in place of the config's.
   """
   source = _source(cfg)
   meta = _meta(source, cfg, "eval_split")
@@ -259,7 +255,9 @@ def _eval_dataset(cfg: ml_collections.ConfigDict, *, local_batch: int,
         mode == "decoded"))
   else:
     ds = source.read(cfg.eval_split, process_index, process_count)
-  decode, preprocess = _decoder(source, mode), _eval_preprocess(cfg)
+  decode = _decoder(source, mode)
+  preprocess = _eval_preprocess(
+      cfg, preprocessing or pp.Preprocessing.from_data_config(cfg))
   ds = ds.map(lambda ex: preprocess(decode(ex)),
               num_parallel_calls=tf.data.AUTOTUNE)
   # A label is a class, or a set of right classes as a multi-hot vector (ImageNet ReaL).
@@ -299,7 +297,8 @@ def train_iterator(cfg: ml_collections.ConfigDict, *, global_batch_size: int,
                    start_step: int = 0) -> Iterator[Batch]:
   """Endless shuffled, augmented training batches from step `start_step` on.
 
-  Batches: 'image' float32 (B, H, W, 3) in data.value_range; 'label' int32
+  Batches: 'image' float32 (B, H, W, 3) normalised by data.value_range (or data.mean and
+  data.std); 'label' int32
   (B,), or float32 (B, num_classes) soft targets with mixup.
   """
   if start_step < 0:
@@ -321,12 +320,15 @@ def train_iterator(cfg: ml_collections.ConfigDict, *, global_batch_size: int,
 
 
 def eval_iterator(cfg: ml_collections.ConfigDict, *, global_batch_size: int,
-                  sharding: jax.sharding.NamedSharding) -> Iterator[Batch]:
-  """One pass over data.eval_split: every example exactly once, in order.
+                  sharding: jax.sharding.NamedSharding,
+                  preprocessing: pp.Preprocessing | None = None) -> Iterator[Batch]:
+  """One pass over data.eval_split: every example exactly once, in order, preprocessed by
+  `pp.apply_preprocessing` as the config's evaluation (`preprocessing`: as a checkpoint's).
 
   The last batches are padded; 'mask' (B,) float32 is 1 for real examples.
   """
   ds, _ = _eval_dataset(
       cfg, local_batch=_local_batch_size(global_batch_size, sharding),
-      process_index=jax.process_index(), process_count=jax.process_count())
+      process_index=jax.process_index(), process_count=jax.process_count(),
+      preprocessing=preprocessing)
   return _global_batches(ds, sharding)

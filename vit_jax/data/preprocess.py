@@ -1,4 +1,6 @@
-"""Preprocessing ops: small TF functions on images.
+"""Preprocessing ops: small TF functions on images, and `apply_preprocessing`, the one
+function that applies a checkpoint's `Preprocessing` (input_contract.py) for evaluation and
+serving.
 
 Random ops work on a batch [B, H, W, C] of equally sized images (a single
 image goes in as a batch of one) and draw every example's randomness from one
@@ -12,6 +14,9 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from vit_jax.data.input_contract import INTERPOLATIONS, Preprocessing  # noqa: F401 (re-export)
+
+
 
 def decode(data: tf.Tensor, channels: int) -> tf.Tensor:
   """Encoded JPEG/PNG/GIF (its first frame)/BMP/WebP bytes -> uint8 [H, W, channels]."""
@@ -20,21 +25,21 @@ def decode(data: tf.Tensor, channels: int) -> tf.Tensor:
   return image
 
 
-def resize(images: tf.Tensor, size: int) -> tf.Tensor:
-  """Resizes to size x size (bilinear); returns float32."""
+def resize(images: tf.Tensor, size: int, method: str = "bilinear") -> tf.Tensor:
+  """Resizes to size x size (`method`: one of INTERPOLATIONS); returns float32."""
   height_width = tuple(images.shape[-3:-1])
   if height_width == (size, size):
     return tf.cast(images, tf.float32)
   # Antialiasing only matters when shrinking, and costs 4x when enlarging.
   enlarging = None not in height_width and max(height_width) <= size
-  return tf.image.resize(images, [size, size], antialias=not enlarging)
+  return tf.image.resize(images, [size, size], method, antialias=not enlarging)
 
 
-def resize_small(image: tf.Tensor, size: int) -> tf.Tensor:
+def resize_small(image: tf.Tensor, size: int, method: str = "bilinear") -> tf.Tensor:
   """Resizes so that the shorter side is `size`, keeping the aspect ratio."""
   hw = tf.cast(tf.shape(image)[-3:-1], tf.float32)
   new_hw = tf.cast(tf.round(hw * (size / tf.reduce_min(hw))), tf.int32)
-  return tf.image.resize(image, tf.maximum(new_hw, size), antialias=True)
+  return tf.image.resize(image, tf.maximum(new_hw, size), method, antialias=True)
 
 
 def central_crop(images: tf.Tensor, size: int) -> tf.Tensor:
@@ -124,3 +129,40 @@ def mixup(batch: dict[str, tf.Tensor], rng: tf.Tensor, alpha: float,
   labels = tf.one_hot(batch["label"], num_classes, dtype=tf.float32)
   mix = lambda x: ratio * x + (1 - ratio) * tf.roll(x, shift=1, axis=0)
   return {**batch, "image": mix(batch["image"]), "label": mix(labels)}
+
+
+def fit(images: tf.Tensor, size: int, preprocessing: Preprocessing) -> tf.Tensor:
+  """One image [H, W, C] or a batch at size x size as `preprocessing` fits it, with its
+  interpolation: resized, or ('central_crop') the shorter side resized to size /
+  central_crop_fraction and the centre cut out. float32 in [0, 255]: bicubic's overshoot
+  is clipped, as timm's PIL images and `serving.images`' uint8 ones are."""
+  method = preprocessing.interpolation
+  if preprocessing.crop == "central_crop":
+    images = resize_small(images, round(size / preprocessing.central_crop_fraction), method)
+    images = central_crop(images, size)
+  else:
+    images = resize(images, size, method)
+  return tf.clip_by_value(images, 0.0, 255.0) if method == "bicubic" else images
+
+
+def affine_map(images: tf.Tensor, preprocessing: Preprocessing) -> tf.Tensor:
+  """RGB pixels in [0, 255] -> the model's input, per channel images * scale + offset
+  (Preprocessing.affine); float32."""
+  scale, offset = preprocessing.affine()
+  return (tf.cast(images, tf.float32) * tf.constant(scale, tf.float32)
+          + tf.constant(offset, tf.float32))
+
+
+def apply_preprocessing(images: tf.Tensor, preprocessing: Preprocessing,
+                        size: int | None = None, *, normalise: bool = True) -> tf.Tensor:
+  """The model's input from decoded images (uint8, one [H, W, C] or a batch), as
+  `preprocessing` says: the one function evaluation, serving and the notebooks apply.
+
+  `size`: fitted to size x size (`fit`); None: images already at the model's resolution
+  (the serving signature's input). Then grayscale to RGB and the affine map; without
+  `normalise`, float32 pixels in [0, 255] (to be stored as uint8, as `serving.images` does).
+  """
+  if size is not None:
+    images = fit(images, size, preprocessing)
+  images = gray_to_rgb(images)
+  return affine_map(images, preprocessing) if normalise else tf.cast(images, tf.float32)

@@ -89,12 +89,10 @@ def dataset_batches(name: str, data_dir: str | None, split: str, image_size: int
   expects, and its class count."""
   cfg = data.get_data_config()
   cfg.update(name=name, data_dir=data_dir, eval_split=split, train_split=split,
-             image_size=image_size, download=download, value_range=preprocessing.value_range,
-             eval_crop=preprocessing.crop,
-             central_crop_fraction=preprocessing.central_crop_fraction)
+             image_size=image_size, download=download)
   info = data.dataset_info(cfg)
-  return (lambda: data.eval_iterator(cfg, global_batch_size=batch_size, sharding=sharding),
-          info.num_classes)
+  return (lambda: data.eval_iterator(cfg, global_batch_size=batch_size, sharding=sharding,
+                                     preprocessing=preprocessing), info.num_classes)
 
 
 def fewshot_datasets(names: Sequence[str], data_dir: str | None, train_split: str,

@@ -49,7 +49,8 @@ ARCHITECTURE = ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers
 
 # What a checkpoint's description records of its model: the architecture and the fields that
 # decide what its parameters mean (pooling, pre-logits, position embedding).
-DESCRIBED = ARCHITECTURE + ("classifier", "representation_size", "posemb", "num_registers")
+DESCRIBED = ARCHITECTURE + ("classifier", "fc_norm", "representation_size", "posemb",
+                            "num_registers", "gelu")
 
 
 def described_fields(model: VisionTransformer) -> dict[str, Any]:

@@ -15,6 +15,9 @@ from vit_jax.models import lora as lora_lib, posemb_resize, resnet
 CLASSIFIERS = ("token", "gap", "map")
 POSEMBS = ("learn", "sincos2d")
 ATTENTION_IMPLS = (None, "auto", "xla", "cudnn")
+# The GELU of the MLPs: "tanh", the approximation the official code and big_vision train with
+# (flax's `nn.gelu` default), or "exact" (erf), the default of PyTorch, timm and transformers.
+GELUS = ("tanh", "exact")
 
 
 def resolve_attention_impl(impl: Optional[str], dtype: Any, head_dim: int) -> Optional[str]:
@@ -62,6 +65,7 @@ class MlpBlock(nn.Module):
   dropout: float = 0.0
   dtype: Any = jnp.float32
   lora: Any = None  # (rank, factor, targets): LoRA adapters on the targeted layers.
+  gelu: str = "tanh"  # GELUS.
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, deterministic: bool = True) -> jnp.ndarray:
@@ -69,7 +73,7 @@ class MlpBlock(nn.Module):
         features, dtype=self.dtype, kernel_init=nn.initializers.xavier_uniform(),
         bias_init=nn.initializers.normal(stddev=1e-6), name=name), self.lora)
     out_dim = x.shape[-1]
-    x = nn.gelu(dense(self.mlp_dim, "Dense_0")(x))
+    x = nn.gelu(dense(self.mlp_dim, "Dense_0")(x), approximate=self.gelu == "tanh")
     x = nn.Dropout(self.dropout)(x, deterministic)
     x = dense(out_dim, "Dense_1")(x)
     return nn.Dropout(self.dropout)(x, deterministic)
@@ -152,6 +156,7 @@ class Encoder1DBlock(nn.Module):
   attention_impl: Optional[str] = None
   drop_path: float = 0.0  # This block's stochastic-depth rate.
   lora: Any = None
+  gelu: str = "tanh"
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, deterministic: bool = True,
@@ -164,7 +169,7 @@ class Encoder1DBlock(nn.Module):
     y = nn.Dropout(self.dropout)(y, deterministic)
     x = x + DropPath(self.drop_path)(y, deterministic)
     y = nn.LayerNorm(dtype=self.dtype, name="LayerNorm_2")(x)
-    y = MlpBlock(self.mlp_dim, self.dropout, self.dtype, self.lora, name="MlpBlock_3")(
+    y = MlpBlock(self.mlp_dim, self.dropout, self.dtype, self.lora, self.gelu, name="MlpBlock_3")(
         y, deterministic)
     return x + DropPath(self.drop_path)(y, deterministic), weights
 
@@ -223,6 +228,8 @@ class Encoder(nn.Module):
   lora: Any = None
   dynamic_image_size: bool = False
   posemb_interpolation: str = "bilinear"
+  gelu: str = "tanh"
+  final_norm: bool = True  # False: the model normalises after pooling (`fc_norm`).
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, grid: tuple[int, int], registers: Optional[jnp.ndarray],
@@ -245,12 +252,13 @@ class Encoder(nn.Module):
           self.mlp_dim, self.num_heads, self.dropout, self.attention_dropout,
           self.dtype, self.attention_impl,
           drop_path=self.stochastic_depth * (i + 1) / self.num_layers, lora=self.lora,
-          name=f"encoderblock_{i}")(
+          gelu=self.gelu, name=f"encoderblock_{i}")(
               x, deterministic, return_weights)
       # Kept only where the caller asks (mutable=["intermediates"]): models.features.
       self.sow("intermediates", f"block_{i}_out", x)
       all_weights.append(weights)
-    x = nn.LayerNorm(dtype=self.dtype, name="encoder_norm")(x)
+    if self.final_norm:
+      x = nn.LayerNorm(dtype=self.dtype, name="encoder_norm")(x)
     return x, (tuple(all_weights) if return_weights else None)
 
 
@@ -261,6 +269,7 @@ class MAPHead(nn.Module):
   num_heads: int
   dtype: Any = jnp.float32
   attention_impl: Optional[str] = None
+  gelu: str = "tanh"
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
@@ -270,7 +279,7 @@ class MAPHead(nn.Module):
         self.num_heads, dtype=self.dtype, implementation=self.attention_impl,
         name="MultiHeadDotProductAttention_0")(probe, x)
     y = nn.LayerNorm(dtype=self.dtype, name="LayerNorm_0")(x)
-    x = x + MlpBlock(self.mlp_dim, dtype=self.dtype, name="MlpBlock_0")(y)
+    x = x + MlpBlock(self.mlp_dim, dtype=self.dtype, gelu=self.gelu, name="MlpBlock_0")(y)
     return x[:, 0]
 
 
@@ -292,9 +301,12 @@ class VisionTransformer(nn.Module):
   num_layers: int
   representation_size: Optional[int] = None
   classifier: str = "token"
+  # timm's `fc_norm`: the final LayerNorm after pooling (`fc_norm`) instead of before it.
+  fc_norm: bool = False
   posemb: str = "learn"
   resnet_layers: Optional[Sequence[int]] = None
   resnet_width_factor: float = 1.0
+  gelu: str = "tanh"  # GELUS: what the weights were trained with.
   dropout: float = 0.0
   attention_dropout: float = 0.0
   # Stochastic depth: the rate rises linearly to this at the last block (0: off).
@@ -349,12 +361,14 @@ class VisionTransformer(nn.Module):
       encoded = encoded[:, self.num_prefix_tokens:]
     if self.classifier == "gap":
       return jnp.mean(encoded, axis=1)
-    return MAPHead(self.mlp_dim, self.num_heads, self.dtype, self.attention_impl,
+    return MAPHead(self.mlp_dim, self.num_heads, self.dtype, self.attention_impl, self.gelu,
                    name="MAPHead_0")(encoded)
 
   def _check_fields(self) -> None:
     if self.classifier not in CLASSIFIERS:
       raise ValueError(f"classifier={self.classifier!r}, expected one of {CLASSIFIERS}.")
+    if self.gelu not in GELUS:
+      raise ValueError(f"gelu={self.gelu!r}, expected one of {GELUS}.")
     if self.posemb not in POSEMBS:
       raise ValueError(f"posemb={self.posemb!r}, expected one of {POSEMBS}.")
     if not 0 <= self.stochastic_depth < 1:
@@ -410,10 +424,13 @@ class VisionTransformer(nn.Module):
         remat=self.remat, dtype=self.dtype, attention_impl=self.attention_impl,
         stochastic_depth=self.stochastic_depth, lora=self._lora,
         dynamic_image_size=self.dynamic_image_size,
-        posemb_interpolation=self.posemb_interpolation,
+        posemb_interpolation=self.posemb_interpolation, gelu=self.gelu,
+        final_norm=not self.fc_norm,
         name="Transformer")(x, (h, w), registers, not train, return_attention)
 
     x = self._pool(encoded)
+    if self.fc_norm:
+      x = nn.LayerNorm(dtype=self.dtype, name="fc_norm")(x)
     if self.representation_size is not None:
       x = nn.tanh(nn.Dense(self.representation_size, dtype=self.dtype, name="pre_logits")(x))
     pre_logits = x.astype(jnp.float32)

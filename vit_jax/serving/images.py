@@ -9,8 +9,8 @@ from collections.abc import Iterable
 import numpy as np
 import tensorflow as tf
 
-from vit_jax.checkpoint.description import Preprocessing
 from vit_jax.data import preprocess as pp
+from vit_jax.data.preprocess import Preprocessing
 
 # What a folder is searched for (TensorFlow's decode_image reads all of these); a file
 # named on the command line is tried whatever its name.
@@ -44,9 +44,9 @@ def to_uint8(images: tf.Tensor) -> tf.Tensor:
 
 def read_image(path: str, size: int, preprocessing: Preprocessing = Preprocessing()) -> np.ndarray:
   """One image file as uint8 (size, size, 3): decoded as the pipeline decodes (grayscale
-  repeated to RGB), resized as its evaluation does (bilinear, antialiased when shrinking;
-  `central_crop`: the shorter side to size / fraction, then the centre), rounded back to
-  uint8. Raises ValueError if unreadable."""
+  repeated to RGB), fitted to the size as its evaluation does (`pp.apply_preprocessing`,
+  whose affine map the model's serving signature applies), rounded back to uint8. Raises
+  ValueError if unreadable."""
   try:
     image = pp.decode(tf.io.read_file(path), 3)
   except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError,
@@ -56,7 +56,4 @@ def read_image(path: str, size: int, preprocessing: Preprocessing = Preprocessin
     raise ValueError(message.strip() or type(e).__name__) from None
   if image.shape[0] == 0 or image.shape[1] == 0:
     raise ValueError("the image is empty")
-  if preprocessing.crop == "central_crop":
-    image = pp.resize_small(image, round(size / preprocessing.central_crop_fraction))
-    return to_uint8(pp.central_crop(image, size)).numpy()
-  return to_uint8(pp.resize(image, size)).numpy()
+  return to_uint8(pp.apply_preprocessing(image, preprocessing, size, normalise=False)).numpy()

@@ -41,14 +41,14 @@ class Runner:
 
 def jax_runner(loaded: checkpoint.Loaded) -> Runner:
   """The checkpoint's model under jax.jit, with the serving signature's preprocessing."""
-  low, high = loaded.description.preprocessing.value_range
+  scale, offset = (np.asarray(v, np.float32) for v in loaded.description.preprocessing.affine())
   model, devices = loaded.model, jax.local_devices()
   mesh = Mesh(np.array(devices), ("data",))
   params = jax.device_put(loaded.params, NamedSharding(mesh, PartitionSpec()))
 
   @jax.jit
   def logits(params, images):
-    x = low + images.astype(jnp.float32) * ((high - low) / 255.0)  # As pp.value_range.
+    x = images.astype(jnp.float32) * scale + offset  # Per channel, as pp.affine_map.
     return model.apply({"params": params}, x, train=False)
 
   def run(images):

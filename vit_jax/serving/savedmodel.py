@@ -3,9 +3,9 @@
 The serving signature takes what a client has, uint8 images (batch, H, W, 3) at the
 model's resolution, any batch size, and returns `logits` (batch, classes) float32 and
 `top5` (batch, 5) int32, the indices of the largest logits. Preprocessing is part of it:
-the input pipeline's own `value_range` op maps [0, 255] to the range the checkpoint's
-description records (the one it was trained with). The description itself is written
-beside the graph (`checkpoint.exported`).
+the input pipeline's own `apply_preprocessing` maps [0, 255] per channel as the checkpoint's
+description records (the value range or mean and std it was trained with). The description
+itself is written beside the graph (`checkpoint.exported`).
 
 jax2tf (jax 0.10) serializes natively only: the model becomes one `XlaCallModule` op
 holding a StableHLO program per platform of PLATFORMS, so the SavedModel runs wherever
@@ -40,7 +40,7 @@ def serving_module(loaded: checkpoint.Loaded,
                    platforms: Sequence[str] = PLATFORMS) -> tf.Module:
   """A tf.Module with the params as variables and `serve`, the serving signature."""
   _check_servable(loaded)
-  value_range = loaded.description.preprocessing.value_range
+  preprocessing = loaded.description.preprocessing
   size, k = loaded.image_size, min(5, loaded.model.num_classes)
   apply = jax2tf.convert(
       lambda params, images: loaded.model.apply({"params": params}, images, train=False),
@@ -53,7 +53,7 @@ def serving_module(loaded: checkpoint.Loaded,
   @tf.function(autograph=False, input_signature=[
       tf.TensorSpec([None, size, size, 3], tf.uint8, name=INPUT)])
   def serve(images):
-    logits = apply(module.params, pp.value_range(images, *value_range))
+    logits = apply(module.params, pp.apply_preprocessing(images, preprocessing))
     return {"logits": logits, "top5": tf.math.top_k(logits, k).indices}
 
   module.serve = serve

@@ -4,7 +4,9 @@ vit-export CHECKPOINT OUT [--format npz|adapters|savedmodel|tflite|onnx]
     [--model NAME] [--image_size N]
 
 CHECKPOINT: a training run's workdir (its latest step), one of its step directories, an
-.npz in any layout the project reads, or `augreg:NAME`. Every format carries the
+.npz in any layout the project reads (local or gs://), `hf-hub:ORG/NAME` or `augreg:NAME`
+(`vit-export hf-hub:google/vit-base-patch16-224-in21k b16_i21k.npz`: the paper's ViT-B/16
+pre-trained on ImageNet-21k, as a released-layout .npz). Every format carries the
 checkpoint's description (model, resolution, input value range and crop, classes, origin),
 which `vit-inspect` prints and predict, few-shot and fine-tuning read.
   npz (default): the params in the original layout, which `checkpoint.load_npz`, timm's
@@ -22,9 +24,11 @@ The serving formats need the export extra: pip install 'vit_jax[export]'.
 """
 import argparse
 
-from vit_jax import checkpoint
-from vit_jax.serving import convert
 from vit_jax.tools import cli
+
+with cli.native_logs():  # The serving formats import TensorFlow: its C++ start-up lines.
+  from vit_jax import checkpoint
+  from vit_jax.serving import convert
 
 FORMATS = ("npz", "adapters", *convert.FORMATS)
 
@@ -36,6 +40,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--format", choices=FORMATS, default="npz")
   parser.add_argument("--model", default=None, help="registry name (checked against the file)")
   parser.add_argument("--image_size", type=int, default=None)
+  cli.add_verbose_flag(parser)
   args = parser.parse_args(argv)
   if args.format in ("npz", "adapters") and (args.model or args.image_size):
     parser.error("--model and --image_size apply to the serving formats; npz keeps the params "
@@ -46,13 +51,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 @cli.command
 def main(argv: list[str]) -> int:
   args = parse_args(argv)
+  cli.route_logs(verbose=args.verbose)
   if args.format == "npz":
     described = checkpoint.export_npz(args.checkpoint, args.out)
   elif args.format == "adapters":
     described = checkpoint.export_adapters(args.checkpoint, args.out)
   else:
-    described = convert.export(args.checkpoint, args.out, args.format, args.model,
-                               args.image_size).description
+    with cli.native_logs():  # The converters' C++ lines.
+      described = convert.export(args.checkpoint, args.out, args.format, args.model,
+                                 args.image_size).description
   print(f"Wrote {args.out} ({args.format}): {described.summary()}")
   return 0
 

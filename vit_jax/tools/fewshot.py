@@ -1,7 +1,9 @@
 """Few-shot sweeps over checkpoints: `vit-fewshot CKPT... --datasets a,b`.
 
-Checkpoints: released .npz files (any layout; `--model` names the architecture, else it
-is read off the arrays' shapes), training runs' workdirs (their latest step) or step
+Checkpoints: released ones on the Hugging Face Hub (`hf-hub:ORG/NAME`, e.g.
+hf-hub:google/vit-base-patch16-224-in21k) or by AugReg name (`augreg:NAME`), .npz files (any
+layout, local or gs://; `--model` names the architecture, else it is read off the arrays'
+shapes), training runs' workdirs (their latest step) or step
 directories (the model is read from the run), globs allowed. Each is probed at its own
 resolution (unless --image_size) on images preprocessed as its description records (value
 range, crop). Writes fewshot.csv, fewshot.md and fewshot.png to --out_dir:
@@ -128,7 +130,8 @@ def _ints(s: str) -> list[int]:
 
 def parser() -> argparse.ArgumentParser:
   p = cli.parser("vit-fewshot", __doc__)
-  p.add_argument("checkpoints", nargs="+", help=".npz files, orbax step dirs, or globs")
+  p.add_argument("checkpoints", nargs="+",
+                 help="hf-hub:ORG/NAME, augreg:NAME, .npz files, orbax step dirs, or globs")
   p.add_argument("--model", help="architecture of .npz checkpoints, e.g. ViT-B_16 or b16 "
                  "(default: inferred from the arrays)")
   p.add_argument("--datasets", required=True,
@@ -145,12 +148,15 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--l2", type=lambda s: [float(v) for v in s.split(",")],
                  default=list(fewshot_lsr.DEFAULT_L2))
   p.add_argument("--out_dir", default="fewshot_results")
+  cli.add_verbose_flag(p)
   return p
 
 
 @cli.command
 def main(argv: list[str]) -> int:
   args = parser().parse_args(argv)
+  cli.route_logs(verbose=args.verbose)
+  cli.start_tensorflow()
   paths = []
   for pattern in args.checkpoints:
     found = sorted(glob.glob(pattern))

@@ -1,12 +1,13 @@
 """What a checkpoint holds: its model, resolution, head and size, and the fine-tuning
 command that fits it; with --figures, the paper's analyses of it as PNG.
 
-  vit-inspect gs://vit_models/imagenet21k/ViT-B_16.npz
+  vit-inspect hf-hub:google/vit-base-patch16-224-in21k
   vit-inspect augreg:S_16 --json
   vit-inspect /tmp/vit_quickstart --figures /tmp/figures --images mnist
 
-CKPT: a released .npz (any layout: original, newer Flax names, big_vision), an AugReg
-name (`augreg:S_16`), a training run's workdir (its latest step) or one of its step
+CKPT: a Hugging Face Hub checkpoint (`hf-hub:ORG/NAME[@REVISION]`), a released .npz (any
+layout: original, newer Flax names, big_vision; local or gs://), an AugReg name
+(`augreg:S_16`), a training run's workdir (its latest step) or one of its step
 directories; or a model `vit-export` wrote (SavedModel, .tflite, .onnx), of which only
 the description is shown. The report includes the checkpoint's description: input
 resolution, crop and value range, class names, origin. The figures: principal components of the patch-embedding filters, position-
@@ -162,12 +163,12 @@ def _head_lines(r: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _description_lines(d: dict[str, Any]) -> list[tuple[str, str]]:
   """What the checkpoint records about its input, classes and origin."""
-  pre, assumed = d["preprocessing"], set(d["assumed"])
+  pre, assumed = checkpoint.Preprocessing(**d["preprocessing"]), set(d["assumed"])
   note = lambda field: " (assumed: the file does not record it)" if field in assumed else ""  # noqa: E731
-  low, high = pre["value_range"]
-  crop = (f"shorter side to size / {pre['central_crop_fraction']:g}, central crop"
-          if pre["crop"] == "central_crop" else "resized")
-  rows = [("input", f"{d['image_size']} px RGB, {crop}; [0, 255] -> [{low:g}, {high:g}]"
+  crop = (f"shorter side to size / {pre.central_crop_fraction:g}, central crop"
+          if pre.crop == "central_crop" else "resized")
+  crop += f" ({pre.interpolation})" if pre.interpolation != "bilinear" else ""
+  rows = [("input", f"{d['image_size']} px RGB, {crop}; {pre.normalisation()}"
            + note("preprocessing"))]
   if d["class_names"]:
     rows.append(("class names", textwrap.fill(", ".join(d["class_names"]), 75)))
@@ -220,8 +221,7 @@ def _figures(ckpt: checkpoint.Loaded, args: argparse.Namespace) -> dict[str, Any
     images, captions, _ = explore.load_images(
         args.images, args.split or _eval_split(args.images), args.data_dir, args.num_images,
         args.download)
-    batch = explore.preprocess(images, ckpt.image_size,
-                               ckpt.description.preprocessing.value_range)
+    batch = explore.preprocess(images, ckpt.image_size, ckpt.description.preprocessing)
   paths, distances = figures.write(ckpt, args.figures, batch, captions,
                                    batch_size=args.batch_size)
   out = {"figures": paths}
@@ -233,7 +233,7 @@ def _figures(ckpt: checkpoint.Loaded, args: argparse.Namespace) -> dict[str, Any
 
 def parser() -> argparse.ArgumentParser:
   p = cli.parser("vit-inspect", __doc__)
-  p.add_argument("checkpoint", metavar="CKPT", help=".npz, augreg:NAME, workdir or step dir")
+  p.add_argument("checkpoint", metavar="CKPT", help="hf-hub:ORG/NAME, augreg:NAME, .npz, workdir or step dir")
   p.add_argument("--model", help="registry name to check the file against (default: read "
                  "off the file)")
   p.add_argument("--json", action="store_true", help="print one JSON object")

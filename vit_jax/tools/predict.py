@@ -3,7 +3,8 @@
 vit-predict CKPT IMAGES... [--labels FILE] [--top_k 5] [--out preds.csv]
     [--batch_size 64] [--sigmoid] [--model NAME] [--image_size N]
 
-CKPT: any checkpoint the project reads (a run's workdir or step dir, an .npz, augreg:NAME;
+CKPT: any checkpoint the project reads (a run's workdir or step dir, an .npz,
+hf-hub:ORG/NAME such as hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k, augreg:NAME;
 run with JAX on whatever device is present), or a model written by `vit-export`: a
 SavedModel folder, a .tflite or an .onnx file. IMAGES: files, globs ('photos/**/*.jpg') or
 folders (searched recursively for .jpg .jpeg .png .gif .bmp .webp). Images are decoded as

@@ -7,19 +7,38 @@ Every config field can be overridden on the command line: `--config.batch_size=6
 Multi-host: on Cloud TPU pod slices and SLURM `jax.distributed.initialize()` finds its
 peers by itself (`--distributed`); elsewhere pass --coordinator_address, --num_processes
 and --process_id (CPU processes then talk through gloo).
-"""
-import logging
-import re
-import sys
 
+The console: on a terminal, a progress bar (step, %, ETA, img/s, last loss and eval accuracy)
+below a few lines (what is trained on what, a resume); otherwise a plain line per
+config.log_every_steps. Then a summary: the final evaluation, time, where the checkpoint and
+TensorBoard logs are, the commands to run next. The library's logs (absl's INFO lines,
+metrics, data preparation) go to WORKDIR/train.log, appended to on a resume; --verbose (or
+absl's --alsologtostderr) shows them on stderr too. Warnings and errors reach the console.
+Only process 0 of a multi-process run reports; the others log to WORKDIR/train.processN.log.
+"""
+import contextlib
+import logging
+import os
+import re
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from typing import TYPE_CHECKING, TextIO
+
+import tqdm
 from absl import app, flags
-from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from vit_jax import configs, cpu_backend
 from vit_jax.config_errors import ConfigError, check_known
 from vit_jax.tools import cli
 
+if TYPE_CHECKING:  # The library is imported once the flags are parsed.
+  from vit_jax.train import loop
+
+_STARTED = time.time()
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
     "config", None, "A config shipped with vit_jax by name (`quickstart`, `finetune:b16,cifar10`) "
@@ -29,15 +48,9 @@ flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (TPU 
 flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for multi-process.")
 flags.DEFINE_integer("num_processes", None, "Number of processes, with --coordinator_address.")
 flags.DEFINE_integer("process_id", None, "This process's index, with --coordinator_address.")
+flags.DEFINE_bool("verbose", False, "Show the library's logs (absl INFO) on stderr too, besides "
+                  "WORKDIR/train.log.")
 flags.mark_flags_as_required(["config", "workdir"])
-
-
-class _QuietLibraries(logging.Filter):
-  """Keeps orbax's and TFDS's per-operation INFO lines out of the run's log."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    noisy = any(f"/{lib}/" in record.pathname for lib in ("orbax", "tensorflow_datasets"))
-    return record.levelno >= logging.WARNING or not noisy
 
 
 # Durations given in one of two units: the unit set on the command line replaces the other.
@@ -94,16 +107,33 @@ def _bad_override(argv: list[str]) -> str | None:
   return None
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, with one-line errors for the config's fields, and the duration
-  unit given on the command line winning over the config file's other unit."""
-  argv = resolve_config_flag(argv)
+def usage() -> str:
+  """This module's docstring and its flags (absl's own --help shows a console script none)."""
+  flags_help = FLAGS.module_help(FLAGS.find_module_defining_flag("workdir"))
+  return (f"{__doc__.strip()}\n\nflags:\n{flags_help.split(':', 1)[1].strip(chr(10))}\n\n"
+          "absl's flags (logging among them): --helpfull")
+
+
+def _parse(argv: list[str]) -> list[str]:
   try:
     rest = FLAGS(argv)
-  except SystemExit:  # Only --help and its kin exit here: absl prints the usage, exits 1.
+  except SystemExit:  # Only --helpfull and its kin exit here: absl prints them, exits 1.
     sys.exit(0)
   except Exception as e:  # absl and ml_collections raise several types for a bad override.
     cli.fail(_bad_override(argv) or str(e))
+  return rest
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with one-line errors for the config's fields, and the duration
+  unit given on the command line winning over the config file's other unit."""
+  if any(a in ("-h", "-help", "--help", "--helpshort", "-?") for a in argv[1:]):
+    print(usage())
+    sys.exit(0)
+  cli.route_logs(hold=True)  # Until main knows the log file.
+  logging.info("Command: %s", shlex.join(sys.orig_argv))
+  cli.start_tensorflow()  # Before a config file imports the library, and it TensorFlow.
+  rest = _parse(resolve_config_flag(argv))
   given = config_flags.get_override_values(FLAGS["config"])
   for unit, other in _UNIT_PAIRS:
     for a, b in ((unit, other), (other, unit)):
@@ -112,9 +142,159 @@ def parse_flags(argv: list[str]) -> list[str]:
   return rest
 
 
-def main(argv) -> None:
-  del argv
-  absl_logging.get_absl_handler().addFilter(_QuietLibraries())
+def log_path(workdir: str, process: int) -> str:
+  """A process's log: WORKDIR/train.log for process 0, WORKDIR/train.processN.log for the
+  others; a workdir in a bucket (gs://), where a file cannot be appended to, keeps it in this
+  machine's temporary folder."""
+  name = "train.log" if process == 0 else f"train.process{process}.log"
+  if "://" in workdir:
+    return os.path.join(tempfile.gettempdir(), re.sub(r"[^\w.-]+", "_", workdir) + "." + name)
+  return os.path.join(workdir, name)
+
+
+def _duration(seconds: float) -> str:
+  s = int(round(seconds))
+  return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (
+      f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
+
+
+def _command(name: str) -> str:
+  """How to run another installed command: its name where PATH finds this installation's,
+  else its path beside vit-train (or beside this Python)."""
+  script = sys.argv[0] if os.path.basename(sys.argv[0]) == "vit-train" else sys.executable
+  path = os.path.join(os.path.dirname(script), name)
+  found = shutil.which(name)
+  if not os.path.exists(path) or (found and os.path.samefile(found, path)):
+    return name
+  return path
+
+
+def _eval_text(m: dict[str, float]) -> str:
+  shown = {"accuracy": "accuracy {:.2%}", "top5_accuracy": "top-5 {:.2%}", "loss": "loss {:.4f}"}
+  parts = [f.format(m[k]) for k, f in shown.items() if k in m]
+  parts += [f"{k} {v:.4f}" for k, v in sorted(m.items()) if k not in {*shown, "num_examples"}]
+  images = f" ({m['num_examples']:,.0f} images)" if "num_examples" in m else ""
+  return ", ".join(parts) + images
+
+
+class Console:
+  """vit-train's own output on process 0, told by the loop (loop.Report's hooks): a few lines
+  and a progress bar on `stream` where it is a terminal, else a plain line per log interval;
+  `summary` at the end, on stdout."""
+
+  BAR = "{desc}{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
+
+  def __init__(self, stream: TextIO, log_file: str):
+    self.stream, self.log_file, self.bar, self.run = stream, log_file, None, None
+    self.last: dict[str, float] = {}  # train_loss, img_per_sec, accuracy: the latest.
+    self.first, self.step_at, self.eval_s, self.eval_t0 = None, 0, 0.0, 0.0
+    self.train_s = 0.0  # First step's call to the latest log, evaluations left out.
+
+  def say(self, text: str) -> None:
+    with tqdm.tqdm.external_write_mode(file=self.stream):
+      print(text, file=self.stream, flush=True)
+
+  def started(self, run: "loop.RunInfo") -> None:
+    self.run, self.step_at = run, run.start_step
+    epochs = f" ({run.epochs:g} epochs)" if run.epochs else ""
+    self.say(f"Training {run.model_name} ({run.parameters:,} parameters) on {run.dataset} "
+             f"({run.num_classes} classes, {run.image_size} px): {run.total_steps:,} steps of "
+             f"{run.batch_size} images{epochs}, {run.devices} devices ({run.platform}).")
+    self.say(f"Workdir: {run.workdir} (checkpoints, TensorBoard events); library logs: "
+             f"{self.log_file}")
+    if run.start_step >= run.total_steps:
+      self.say(f"The run in {run.workdir} is already complete at step {run.start_step}: "
+               "evaluating its last checkpoint.")
+    elif run.start_step:
+      self.say(f"Resumed from {run.workdir} at step {run.start_step} of {run.total_steps}.")
+    elif run.pretrained:
+      self.say(f"Fine-tuning {run.pretrained}.")
+
+  def step(self, step: int) -> None:
+    self.step_at = step
+    if self.first is None:
+      self.first = (step - 1, time.time())
+      if self.stream.isatty():
+        self.bar = tqdm.tqdm(total=self.run.total_steps, initial=step - 1, file=self.stream,
+                             bar_format=self.BAR, dynamic_ncols=True)
+    if self.bar is not None:
+      self.bar.update(step - self.bar.n)
+
+  def _postfix(self) -> None:
+    parts = [f"{self.last['img_per_sec']:,.0f} img/s" if "img_per_sec" in self.last else "",
+             f"loss {self.last['train_loss']:.3f}" if "train_loss" in self.last else "",
+             f"accuracy {self.last['accuracy']:.2%}" if "accuracy" in self.last else ""]
+    self.bar.set_postfix_str(", ".join(p for p in parts if p))
+
+  def logged(self, step: int, metrics: dict[str, float]) -> None:
+    self.last |= metrics
+    self.train_s = time.time() - self.first[1] - self.eval_s
+    if self.bar is not None:
+      self._postfix()
+      return
+    done, total = step - self.first[0], self.run.total_steps
+    eta = self.train_s / max(done, 1) * (total - step)
+    self.say(f"step {step}/{total} ({step / total:.1%})  loss {metrics['train_loss']:.3f}  "
+             f"{metrics['img_per_sec']:,.0f} img/s  eta {_duration(eta)}")
+
+  def evaluating(self, step: int) -> None:
+    self.eval_t0 = time.time()
+    if self.bar is not None:
+      self.bar.set_description_str("evaluating ")
+
+  def evaluated(self, step: int, metrics: dict[str, float]) -> None:
+    self.eval_s += time.time() - self.eval_t0
+    if "accuracy" in metrics:
+      self.last["accuracy"] = metrics["accuracy"]
+    if self.bar is not None:
+      self.bar.set_description_str("")
+      self._postfix()
+    self.say(f"eval at step {step}: {_eval_text(metrics)}")
+
+  def close(self) -> None:
+    if self.bar is not None:
+      self.bar.close()
+      self.bar = None
+
+  def summary(self, metrics: dict[str, float]) -> None:
+    """The final evaluation, time, where the run's files are and what to run next."""
+    self.close()
+    r, lines = self.run, []
+    complete = r.start_step >= r.total_steps
+    if complete:
+      lines.append(f"The run in {r.workdir} was already complete at step {r.start_step}.")
+    if metrics and (complete or self.step_at >= r.total_steps):
+      lines.append("Final evaluation: " + ", ".join(f"{k}={v:.4f}"
+                                                    for k, v in sorted(metrics.items())))
+    if self.first is not None:
+      images = (self.step_at - self.first[0]) * r.batch_size
+      rate = f", {images / self.train_s:,.0f} img/s" if self.train_s > 0 else ""
+      lines.append(f"Trained steps {self.first[0] + 1}-{self.step_at} of {r.total_steps} in "
+                   f"{_duration(self.train_s)}{rate}; {_duration(time.time() - _STARTED)} in all.")
+    if self.step_at < r.total_steps:
+      lines.append(f"Stopped at step {self.step_at} of {r.total_steps}, saved: rerun the same "
+                   "command to resume.")
+    print("\n".join(lines + self._where()), flush=True)
+
+  def _where(self) -> list[str]:
+    r, w = self.run, self.run.workdir
+    data = f" --data_dir={r.data_dir}" if r.data_dir else ""
+    return [f"Checkpoint:  {r.checkpoints}/{self.step_at}",
+            f"TensorBoard: tensorboard --logdir {w}",
+            f"Log:         {self.log_file}",
+            "Next:",
+            f"  {_command('vit-inspect')} {w}    # what the checkpoint holds",
+            f"  {_command('vit-export')} {w} {w.rstrip('/')}.npz    # as a released-layout .npz",
+            f"  {_command('vit-fewshot')} {w} --datasets={r.dataset}{data}    # few-shot probes"]
+
+
+def _console_stream() -> TextIO:
+  """Where vit-train's lines and bar go: stderr, or stdout where only that is a terminal."""
+  return sys.stdout if sys.stdout.isatty() and not sys.stderr.isatty() else sys.stderr
+
+
+def _start_jax():
+  """JAX, its CPU devices split as the config asks, joined to the other processes."""
   # Before JAX starts, after absl has parsed the flags (so XLA_FLAGS set by users apply).
   cpu_backend.prepare(FLAGS.config.get("cpu_devices"))
   import jax
@@ -123,18 +303,40 @@ def main(argv) -> None:
     if jax.config.jax_platforms in (None, "", "cpu") and FLAGS.coordinator_address:
       jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  return jax
+
+
+def main(argv) -> None:
+  del argv
+  verbose = FLAGS.verbose or FLAGS.alsologtostderr or FLAGS.logtostderr
+  cli.route_logs(verbose=verbose, hold=True)  # Until this process knows its index.
+  jax = _start_jax()
+  from vit_jax import checkpoint
   from vit_jax.train import loop
 
-  logging.info("JAX %s: process %d of %d, %d devices (%s).", jax.__version__, jax.process_index(),
+  process = jax.process_index()
+  log_file = log_path(FLAGS.workdir, process)
+  log_stream = cli.route_logs(log_file, verbose)
+  logging.info("JAX %s: process %d of %d, %d devices (%s).", jax.__version__, process,
                jax.process_count(), jax.device_count(), jax.devices()[0].platform)
-  from vit_jax import checkpoint
+  if process > 0:
+    print(f"process {process} of {jax.process_count()}: its log is {log_file}; process 0 "
+          "reports the run.", file=sys.stderr, flush=True)
+  console = Console(_console_stream(), log_file) if process == 0 else None
+  # What the library prints (TFDS's preparation notices) belongs in the log, not the console.
+  quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(log_stream)
   try:
-    metrics = loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    with quiet:
+      metrics = loop.train_and_evaluate(FLAGS.config, FLAGS.workdir, console or loop.Report())
   except (ConfigError, checkpoint.CheckpointError, checkpoint.DescriptionMismatch) as e:
+    if console:
+      console.close()  # The bar's line ends before the error's.
     cli.fail(str(e))
-  if metrics and jax.process_index() == 0:
-    print("Final evaluation: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())),
-          flush=True)
+  finally:
+    if console:
+      console.close()
+  if console:
+    console.summary(metrics)
 
 
 def run() -> None:

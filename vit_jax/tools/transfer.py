@@ -11,7 +11,8 @@ imagenet, or task names separated by commas (`--list all` prints them). Any othe
 classification dataset, or an image folder ROOT/{train,test}/<class>/, runs with VTAB-1k's
 protocol (train[:800] / train[800:1000] to choose the rate from the paper's grid, then
 train[:1000] -> test, 2,500 steps).
-CHECKPOINT: anything the project loads (a run's workdir, an .npz, augreg:NAME, ema:RUN).
+CHECKPOINT: anything the project loads (a run's workdir, an .npz, hf-hub:ORG/NAME such as
+hf-hub:google/vit-base-patch16-224-in21k, augreg:NAME, ema:RUN).
 
 Writes OUT_DIR/results.csv (one row per run: checkpoint, task, phase, rate, accuracy, wall
 time), results.md (test accuracy at the chosen rate; VTAB-1k group means) and results.png.
@@ -62,6 +63,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                  help="merge the rows under --out_dir into results.csv, .md and .png; run nothing")
   p.add_argument("--launch", choices=("slurm", "hosts", "tpu_vm"),
                  help="a job per (checkpoint, task) through launch/jobs.py; its flags after --")
+  cli.add_verbose_flag(p)
   argv, launcher = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (
       argv, [])
   args = p.parse_args(argv)
@@ -153,7 +155,9 @@ def launch(args: argparse.Namespace, task_names: list[str]) -> int:
 @cli.command
 def main(argv: list[str]) -> int:
   args = parse_args(argv)
+  cli.route_logs(verbose=args.verbose)
   cpu_backend.prepare(args.cpu_devices)  # Before JAX starts.
+  cli.start_tensorflow()
   from vit_jax.data import tasks
   from vit_jax.transfer import report, sweep
   if args.list is not None:

@@ -13,7 +13,8 @@ DTYPES = ("float32", "bfloat16")
 # The model fields a config may override (typed, so that the command line can set them).
 MODEL_FIELDS = dict(
     patch_size=int, hidden_size=int, mlp_dim=int, num_heads=int, num_layers=int,
-    representation_size=int, classifier=str, posemb=str, resnet_layers=tuple,
+    representation_size=int, classifier=str, fc_norm=bool, posemb=str, resnet_layers=tuple,
+    gelu=str,
     resnet_width_factor=float, dropout=float, attention_dropout=float, stochastic_depth=float,
     head_bias_init=float, num_registers=int, dynamic_image_size=bool,
     posemb_interpolation=str, remat=bool, attention_impl=str)
@@ -104,6 +105,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
         "must be in [0, 1) (0: off)")
   check(c.model.stochastic_depth is None or 0 <= c.model.stochastic_depth < 1,
         "model.stochastic_depth", c.model.stochastic_depth, "must be in [0, 1) (0: off)")
+  check(c.model.gelu in (None,) + models.vit.GELUS, "model.gelu", c.model.gelu,
+        f"expected one of {models.vit.GELUS} (None: the checkpoint's, else tanh)")
   check(c.ema_decay is None or 0 < c.ema_decay < 1, "ema_decay", c.ema_decay, "must be in (0, 1)")
   for spec in c.evals:
     try:

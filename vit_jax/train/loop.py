@@ -104,19 +104,41 @@ def run_meta(c: ml_collections.ConfigDict, num_classes: int, total_steps: int,
   return run.make_meta(c.model_name, num_classes, _architecture(c), _jsonable(trajectory))
 
 
-def resolve_value_range(c: ml_collections.ConfigDict) -> None:
-  """Sets config.data.value_range where it is None: config.pretrained's (as its description
-  records it), else the default. A value set in the config must agree with the former."""
+def resolve_value_range(c: ml_collections.ConfigDict,
+                        parent: checkpoint.Description | None = None) -> None:
+  """Sets config.data's input normalisation where the config leaves it open (value_range,
+  mean and std all None): config.pretrained's, value range or mean and std as its description
+  records them, else the default value range. What the config sets must agree with the
+  former."""
+  fields = ("value_range", "mean", "std")
   if c.pretrained:
-    parent = checkpoint.describe(c.pretrained)
-    recorded = (None if "preprocessing" in parent.assumed
-                else parent.preprocessing.value_range)
-    given = c.data.value_range and tuple(float(v) for v in c.data.value_range)
-    description_lib.check_option("the input value range", "config.data.value_range", given,
-                                 recorded, c.pretrained)
-    if c.data.value_range is None:
-      c.data.value_range = parent.preprocessing.value_range
+    parent = parent or checkpoint.describe(c.pretrained)
+    pre = parent.preprocessing
+    if "preprocessing" not in parent.assumed:
+      for field in fields:
+        given = c.data[field] and tuple(float(v) for v in c.data[field])
+        what, recorded = f"the input {field.replace('_', ' ')}", getattr(pre, field)
+        if given is not None and recorded is None:  # It records the other form.
+          what, recorded = "the input normalisation", pre.normalisation()
+        description_lib.check_option(what, f"config.data.{field}", given, recorded,
+                                     c.pretrained)
+    if all(c.data[field] is None for field in fields):
+      c.data.value_range, c.data.mean, c.data.std = pre.value_range, pre.mean, pre.std
   c.data.value_range = data_config.value_range(c.data)
+
+
+# Model fields that change what a checkpoint's weights compute without changing their shapes:
+# a fine-tuning run takes them from config.pretrained's description unless the config sets them.
+_INHERITED_MODEL_FIELDS = ("gelu", "fc_norm")
+
+
+def inherit_model_fields(c: ml_collections.ConfigDict, parent: checkpoint.Description) -> None:
+  for field in _INHERITED_MODEL_FIELDS:
+    recorded = parent.model.get(field)
+    description_lib.check_option(f"the model's {field}", f"config.model.{field}",
+                                 c.model[field], recorded, c.pretrained)
+    if c.model[field] is None and recorded is not None:
+      c.model[field] = recorded
 
 
 @dataclasses.dataclass
@@ -156,7 +178,10 @@ class _Job:
   @classmethod
   def from_config(cls, c: ml_collections.ConfigDict, workdir: str) -> "_Job":
     config_lib.validate(c)
-    resolve_value_range(c)
+    parent = checkpoint.describe(c.pretrained) if c.pretrained else None
+    resolve_value_range(c, parent)
+    if parent:
+      inherit_model_fields(c, parent)
     info = data.dataset_info(c.data)
     total_steps, warmup_steps = config_lib.resolve_steps(c, info.num_train_examples)
     tx, schedule = optimizers.make_optimizer(c.optimizer, total_steps, warmup_steps,
@@ -238,12 +263,70 @@ def _build_evaluators(job: _Job, dog: watchdog.StallWatchdog) -> dict[str, Any]:
   return evaluators
 
 
-class _TrainMetrics:
-  """Per-step metrics since the last write: their means go to the writer, and a NaN/inf
-  among them stops the run, naming its step, before anything is saved."""
+@dataclasses.dataclass(frozen=True)
+class RunInfo:
+  """What a run trains, where, and from which step: for whoever shows its progress."""
+  workdir: str
+  checkpoints: str  # The folder of its step folders.
+  model_name: str
+  parameters: int
+  dataset: str
+  data_dir: str | None
+  num_classes: int
+  image_size: int
+  batch_size: int  # Images per train step: config.batch_size / config.accum_steps.
+  total_steps: int  # Train steps: optimizer updates x config.accum_steps.
+  start_step: int  # Resumed from; total_steps (or more) for a run already complete.
+  epochs: float | None  # config.total_epochs, where the config counts in epochs.
+  pretrained: str | None
+  devices: int
+  platform: str
+  processes: int
 
-  def __init__(self, job: _Job, writer: metric_writers.MetricWriter, last_good: Callable):
-    self.job, self.writer, self.last_good = job, writer, last_good
+
+def _run_info(job: _Job, state: trainer.TrainState, start: int) -> RunInfo:
+  c = job.config
+  return RunInfo(
+      workdir=job.workdir, checkpoints=str(run.checkpoint_dir(job.workdir)),
+      model_name=c.model_name or "ViT",
+      parameters=sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params)),
+      dataset=c.data.name, data_dir=c.data.data_dir, num_classes=job.model.num_classes,
+      image_size=c.data.image_size, batch_size=job.micro_batch, total_steps=job.loop_steps,
+      start_step=start, epochs=c.get("total_epochs"), pretrained=c.pretrained,
+      devices=jax.device_count(), platform=jax.devices()[0].platform,
+      processes=jax.process_count())
+
+
+class Report:
+  """What the loop tells whoever shows its progress (vit-train's console), on every process:
+  `started`, then `step`, `logged`, `evaluating` and `evaluated` as the run goes. This one
+  shows nothing."""
+
+  def started(self, run: RunInfo) -> None:
+    """Before the first step, and before compiling it; a run already complete is evaluated
+    only (`run.start_step >= run.total_steps`)."""
+
+  def step(self, step: int) -> None:
+    """After each train step's call (its work may still be running on the devices)."""
+
+  def logged(self, step: int, metrics: dict[str, float]) -> None:
+    """Every config.log_every_steps: train_loss, grad_norm, learning_rate, img_per_sec, the
+    means since the last."""
+
+  def evaluating(self, step: int) -> None:
+    """Before the evaluators run."""
+
+  def evaluated(self, step: int, metrics: dict[str, float]) -> None:
+    """Their metrics, named as train_and_evaluate returns them."""
+
+
+class _TrainMetrics:
+  """Per-step metrics since the last write: their means go to the writer and the report, and
+  a NaN/inf among them stops the run, naming its step, before anything is saved."""
+
+  def __init__(self, job: _Job, writer: metric_writers.MetricWriter, last_good: Callable,
+               report: Report):
+    self.job, self.writer, self.last_good, self.report = job, writer, last_good, report
     self.pending, self.t0 = [], time.time()
 
   def add(self, step: int, metrics: dict[str, jax.Array]) -> None:
@@ -263,10 +346,12 @@ class _TrainMetrics:
     metrics = self.check_finite()
     summary = jax.tree.map(lambda *x: float(np.mean(x)), *metrics)
     elapsed = time.time() - self.t0
-    self.writer.write_scalars(step, {
+    scalars = {
         "train_loss": summary["loss"], "grad_norm": summary["grad_norm"],
         "learning_rate": float(self.job.schedule(step // self.job.config.accum_steps)),
-        "img_per_sec": len(metrics) * self.job.micro_batch / elapsed})
+        "img_per_sec": len(metrics) * self.job.micro_batch / elapsed}
+    self.writer.write_scalars(step, scalars)
+    self.report.logged(step, scalars)
     self.restart_clock()
 
   def restart_clock(self) -> None:
@@ -288,33 +373,37 @@ def _evaluate_params(evaluators: dict[str, Any], params: Any, step: int,
 
 
 def _evaluate(evaluators: dict[str, Any], state: trainer.TrainState, step: int,
-              writer: metric_writers.MetricWriter, progress: Any) -> dict[str, float]:
+              writer: metric_writers.MetricWriter, progress: Any,
+              report: Report) -> dict[str, float]:
   """The parameters' metrics, and their moving average's beside them (`ema_` names)."""
+  report.evaluating(step)
   out = _evaluate_params(evaluators, state.params, step, writer, progress)
   if state.ema_params is not None:
     out |= _evaluate_params(evaluators, state.ema_params, step, writer, progress, tag="ema_")
+  report.evaluated(step, out)
   return out
 
 
 def _run_steps(job: _Job, state: trainer.TrainState, start: int, train_step: Callable,
                batches: Any, evaluators: dict[str, Any], manager: ocp.CheckpointManager,
-               writer: metric_writers.MetricWriter,
-               dog: watchdog.StallWatchdog) -> dict[str, float]:
+               writer: metric_writers.MetricWriter, dog: watchdog.StallWatchdog,
+               report: Report) -> dict[str, float]:
   c, meta, description = job.config, job.meta, job.description
   progress = periodic_actions.ReportProgress(num_train_steps=job.loop_steps, writer=writer,
                                              every_steps=c.log_every_steps)
-  log = _TrainMetrics(job, writer, manager.latest_step)
+  log = _TrainMetrics(job, writer, manager.latest_step, report)
   preemption = _Preemption()
   eval_metrics = {}
   for step in range(start + 1, job.loop_steps + 1):
     dog.beat(step)
     state, metrics = train_step(state, next(batches))
     log.add(step, metrics)
+    report.step(step)
     progress(step)
     if step % c.log_every_steps == 0 or step == job.loop_steps:
       log.write(step)
     if step == job.loop_steps or (c.eval_every_steps and step % c.eval_every_steps == 0):
-      eval_metrics = _evaluate(evaluators, state, step, writer, progress)
+      eval_metrics = _evaluate(evaluators, state, step, writer, progress, report)
       log.restart_clock()
     preempted = preemption.reached(step)
     if step % c.checkpoint_every_steps == 0 or step == job.loop_steps or preempted:
@@ -356,11 +445,14 @@ def _stall_message(job: _Job, manager: ocp.CheckpointManager, step: int, reason:
           f"{shlex.join(sys.orig_argv)}")
 
 
-def train_and_evaluate(c: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Trains (resuming from `workdir` if it holds a checkpoint) and returns final eval metrics.
+def train_and_evaluate(c: ml_collections.ConfigDict, workdir: str,
+                       report: Report | None = None) -> dict[str, float]:
+  """Trains (resuming from `workdir` if it holds a checkpoint) and returns final eval metrics;
+  `report` is told how the run goes.
 
   A run whose steps stop ending (config.stall_timeout_s) exits the process with status 1.
   """
+  report = report or Report()
   if jax.default_backend() == "cpu":
     cpu_backend.check_pool(jax.local_device_count())
   job = _Job.from_config(c, workdir)
@@ -371,19 +463,20 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir: str) -> dict[str, 
     manager, state, shardings, start = _restore_or_init(job, init_rng)
     if start == 0:
       writer.write_hparams({k: str(v) for k, v in c.to_dict().items()})
+    report.started(_run_info(job, state, start))
     dog = watchdog.StallWatchdog(c.stall_timeout_s,
                                  functools.partial(_stall_message, job, manager))
     evaluators = _build_evaluators(job, dog)
     if start >= job.loop_steps:
       logging.info("The run in %s is complete (step %d of %d); evaluating its last checkpoint.",
                    workdir, start, job.loop_steps)
-      print(f"The run in {workdir} is already complete at step {start}.", flush=True)
       with dog:
         return _evaluate(evaluators, state, start, writer,
-                         periodic_actions.ReportProgress(writer=writer))
+                         periodic_actions.ReportProgress(writer=writer), report)
     train_step, batches = _compiled_step(job, state, shardings, dropout_rng, start)
     with dog:
-      return _run_steps(job, state, start, train_step, batches, evaluators, manager, writer, dog)
+      return _run_steps(job, state, start, train_step, batches, evaluators, manager, writer, dog,
+                        report)
   finally:
     if manager is not None:
       manager.close()  # Waits for the last save, then stops orbax's writer and deleter threads.

@@ -28,7 +28,8 @@ def default_config() -> ml_collections.ConfigDict:
       mu_dtype=ml_collections.FieldReference(None, field_type=str),
       # Layer-wise learning-rate decay (BEiT; timm's `layer_decay`): block i's updates (and
       # the final norm's, with the last block) are scaled by layer_decay ** (L - i), the
-      # embeddings' by layer_decay ** (L + 1), the head's by 1. None: off.
+      # embeddings' (class and register tokens too) by layer_decay ** (L + 1), the head's by 1.
+      # None: off.
       layer_decay=ml_collections.FieldReference(None, field_type=float),
       # ((pattern, multiplier), ...): the parameter's whole update (gradient step and
       # decoupled weight decay) scaled, as timm's per-group `lr_scale` scales its group's lr.
@@ -51,10 +52,14 @@ def make_schedule(cfg: ml_collections.ConfigDict, total_steps: int, warmup_steps
 
 
 def decay_mask(params):
-  """Weight decay on matrices and kernels only, not on biases, norms, tokens or embeddings."""
+  """Weight decay on arrays of two or more dimensions (kernels), not on norms, 1-D biases, tokens
+  (class, register, MAP probe) or position embeddings (timm's ViT `no_weight_decay`). The
+  attention's query/key/value biases, (heads, head_dim), are decayed; timm's fused 1-D qkv
+  bias is not."""
   return jax.tree_util.tree_map_with_path(
       lambda path, p: p.ndim > 1 and not any(
-          getattr(k, "key", None) in ("pos_embedding", "cls", "probe") for k in path), params)
+          getattr(k, "key", None) in ("pos_embedding", "cls", "reg", "probe") for k in path),
+      params)
 
 
 def param_names(tree: Any) -> Any:
@@ -97,15 +102,17 @@ def _check_patterns(field: str, patterns: Sequence[str], names: list[str]) -> No
 
 
 _BLOCK = re.compile(r"Transformer/encoderblock_(\d+)/")
-# Before the blocks: patch embedding, ResNet stem (hybrids), class token, position embedding.
-_EMBEDDING = re.compile(r"embedding/|conv_root/|gn_root/|block\d+/unit\d+/|cls$|"
+# Before the blocks: patch embedding, ResNet stem (hybrids), class token, register tokens,
+# position embedding (timm's ViT `group_matcher` puts `reg_token` in its stem too).
+_EMBEDDING = re.compile(r"embedding/|conv_root/|gn_root/|block\d+/unit\d+/|cls$|reg$|"
                         r"Transformer/posembed_input/")
 
 
 def layer_id(name: str, num_layers: int) -> int:
   """A parameter's depth for layer-wise decay, as timm's `param_groups_layer_decay` assigns it
-  with ViT's `group_matcher`: the embeddings 0, block i i + 1, the final norm num_layers (the
-  last block's), the rest (pre-logits, head) num_layers + 1."""
+  with ViT's `group_matcher`: the embeddings (class and register tokens included) 0, block i
+  i + 1, the final norm num_layers (the last block's), the rest (pre-logits, head)
+  num_layers + 1."""
   if m := _BLOCK.match(name):
     return int(m.group(1)) + 1
   if name.startswith("Transformer/encoder_norm/"):

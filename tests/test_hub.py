@@ -1,0 +1,274 @@
+"""Checkpoints from the Hugging Face Hub (`hf-hub:ORG/NAME`), offline: a Hub cache written in
+huggingface_hub's own layout from timm and transformers models with random weights, read with
+HF_HUB_OFFLINE=1. Each layout's logits equal its own framework's (run with the GELU and the
+LayerNorm epsilon the weights were trained with), its description equals its config files, and
+every way a Hub checkpoint fails ends with exit 2 and one line."""
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from helpers import REPO, cpu_env
+from vit_jax import checkpoint
+from vit_jax.models import timm_models
+from vit_jax.tools import inspect_checkpoint as inspect_cli
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+SIZE = 32
+# (timm architecture, pretrained tag, create_model kwargs, the GELU its description records):
+# the tag alone decides the GELU where, as on the Hub's timm repos, the config has no act_layer.
+TIMM = {
+    "token": ("vit_tiny_patch16_224", "augreg_in21k", {}, "tanh"),
+    "gap_fc_norm": ("vit_tiny_patch16_224", "augreg2_in21k_ft_in1k",
+                    dict(class_token=False, global_pool="avg", fc_norm=True), "exact"),
+    "registers": ("vit_tiny_patch16_224", "augreg_in21k",
+                  dict(reg_tokens=4, no_embed_class=True), "tanh"),
+    "hybrid": ("vit_tiny_r_s16_p8_224", "augreg_in21k", {}, "tanh"),
+    "hybrid_r26": ("vit_small_r26_s32_224", "augreg_in21k", dict(depth=2), "tanh"),
+    "siglip_map": ("vit_base_patch16_siglip_224", "webli", dict(depth=2), "tanh"),
+}
+_IMG = {"hybrid": 64, "hybrid_r26": 64}
+
+
+def write_repo(cache, repo: str, files: dict[str, str]) -> None:
+  """`files` (name -> local path) as huggingface_hub's cache holds a repo at COMMIT."""
+  root = cache / f"models--{repo.replace('/', '--')}"
+  snapshot = root / "snapshots" / COMMIT
+  snapshot.mkdir(parents=True)
+  (root / "refs").mkdir()
+  (root / "refs" / "main").write_text(COMMIT)
+  for name, path in files.items():
+    shutil.copy(path, snapshot / name)
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+  """An empty Hub cache, offline, as HF_HUB_CACHE / HF_HUB_OFFLINE set it."""
+  from huggingface_hub import constants
+  cache = tmp_path / "hub"
+  cache.mkdir()
+  monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+  monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+  monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  return cache
+
+
+def perturbed(model, torch, scale: float = 0.01):
+  """The model's weights moved off their initial values (zero heads, unit norms)."""
+  torch.manual_seed(0)
+  with torch.no_grad():
+    for p in model.parameters():
+      p.add_(torch.randn_like(p) * scale)
+  return model.eval()
+
+
+def timm_repo(tmp_path, kind: str):
+  """(timm model, its folder as the Hub holds it: model.safetensors and config.json without
+  model_args, as timm's uploads of Google's weights are)."""
+  torch, timm = timm_models.import_torch()
+  from timm.models import _hub
+  arch, tag, kwargs, gelu = TIMM[kind]
+  size = _IMG.get(kind, SIZE)
+  act = "gelu_tanh" if gelu == "tanh" else "gelu"
+  model = perturbed(timm.create_model(arch, pretrained=False, img_size=size,
+                                      num_classes=5, act_layer=act, **kwargs), torch)
+  folder = tmp_path / kind
+  _hub.save_for_hf(model, folder, model_args=dict(img_size=size, num_classes=5, **kwargs),
+                   safe_serialization=True)
+  config = json.loads((folder / "config.json").read_text())
+  config.pop("model_args")
+  config["pretrained_cfg"]["tag"] = tag
+  config["label_names"] = [f"n0{i}" for i in range(5)]
+  (folder / "config.json").write_text(json.dumps(config))
+  return model, folder, config
+
+
+def images(size: int) -> np.ndarray:
+  return np.random.RandomState(0).randn(2, size, size, 3).astype(np.float32)
+
+
+@pytest.mark.parametrize("kind", list(TIMM))
+def test_timm_layouts_match_timm(kind, tmp_path, hub_cache):
+  model, folder, config = timm_repo(tmp_path, kind)
+  write_repo(hub_cache, f"timm/{kind}", {f: folder / f for f in os.listdir(folder)})
+  loaded = checkpoint.load(f"hf-hub:timm/{kind}")
+  x = images(loaded.image_size)
+  ours = loaded.model.apply({"params": loaded.params}, x)
+  np.testing.assert_allclose(ours, timm_models.logits(model, x), atol=1e-4)
+  d, cfg = loaded.description, config["pretrained_cfg"]
+  assert d.image_size == cfg["input_size"][-1] and d.num_classes == 5
+  assert d.class_names == tuple(config["label_names"])
+  assert d.model["gelu"] == TIMM[kind][3] and loaded.model.gelu == TIMM[kind][3]
+  pre = d.preprocessing
+  assert (pre.mean, pre.std) == (tuple(cfg["mean"]), tuple(cfg["std"]))
+  assert (pre.interpolation, pre.crop, pre.central_crop_fraction) == (
+      cfg["interpolation"], "central_crop", cfg["crop_pct"])
+  # A local folder of the same files reads the same.
+  again = checkpoint.load(str(folder))
+  np.testing.assert_array_equal(again.model.apply({"params": again.params}, x), ours)
+
+
+def transformers_repo(tmp_path, head: bool, act: str):
+  """(transformers model, its saved folder with preprocessor_config.json)."""
+  torch, _ = timm_models.import_torch()
+  import transformers
+  # The weights' own epsilon: Google's uploads say 1e-12, their JAX training used flax's 1e-6,
+  # which vit_jax keeps (a difference of up to 8e-5 on these small random weights).
+  config = transformers.ViTConfig(
+      image_size=SIZE, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+      intermediate_size=128, hidden_act=act, layer_norm_eps=1e-6, num_labels=5,
+      id2label={i: f"digit {i}" for i in range(5)}, label2id={f"digit {i}": i for i in range(5)})
+  cls = transformers.ViTForImageClassification if head else transformers.ViTModel
+  model = perturbed(cls(config), torch, 0.02)
+  folder = tmp_path / f"vit_{head}_{act}"
+  model.save_pretrained(folder)
+  transformers.ViTImageProcessor(size={"height": SIZE, "width": SIZE}, resample=3).save_pretrained(
+      folder)
+  return model, folder
+
+
+@pytest.mark.parametrize("repo,head,act,gelu", [
+    ("google/vit-tiny-in21k", False, "gelu_pytorch_tanh", "tanh"),  # As ViTModel + pooler.
+    ("google/vit-tiny", True, "gelu_pytorch_tanh", "tanh"),  # Google's: JAX-trained.
+    ("someone/vit-tiny", True, "gelu", "exact"),  # Trained in PyTorch: its config's GELU.
+])
+def test_transformers_layout_matches_transformers(repo, head, act, gelu, tmp_path, hub_cache):
+  torch, _ = timm_models.import_torch()
+  model, folder = transformers_repo(tmp_path, head, act)
+  if repo.startswith("google/"):  # Google's configs say the exact GELU of their weights.
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"hidden_act": "gelu"}))
+  write_repo(hub_cache, repo, {f: folder / f for f in os.listdir(folder)})
+  loaded = checkpoint.load(f"hf-hub:{repo}")
+  x = images(SIZE)
+  with torch.no_grad():
+    out = model(pixel_values=torch.from_numpy(x.transpose(0, 3, 1, 2)))
+  want = (out.logits if head else out.pooler_output).numpy()
+  np.testing.assert_allclose(loaded.model.apply({"params": loaded.params}, x), want, atol=1e-4)
+  d = loaded.description
+  assert d.model["gelu"] == gelu and d.image_size == SIZE
+  assert d.num_classes == (5 if head else None) and d.model["representation_size"] == (
+      None if head else 64)
+  assert d.class_names == (tuple(f"digit {i}" for i in range(5)) if head else ())
+  pre = d.preprocessing
+  assert (pre.mean, pre.std, pre.crop, pre.interpolation) == (
+      (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "resize", "bicubic")
+
+
+def test_inspect_reads_a_hub_spec_in_a_fresh_process(tmp_path, hub_cache):
+  """The console script, with huggingface_hub's own environment variables."""
+  _, folder, _ = timm_repo(tmp_path, "token")
+  write_repo(hub_cache, "timm/tiny", {f: folder / f for f in os.listdir(folder)})
+  env = cpu_env() | {"HF_HUB_CACHE": str(hub_cache), "HF_HUB_OFFLINE": "1"}
+  r = subprocess.run([sys.executable, "-m", "vit_jax.tools.inspect_checkpoint",
+                      "hf-hub:timm/tiny@main", "--json"], cwd=REPO, env=env,
+                     capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr
+  report = json.loads(r.stdout)
+  assert report["description"]["preprocessing"]["interpolation"] == "bicubic"
+  assert report["description"]["model"]["gelu"] == "tanh"
+
+
+def assert_one_line_error(capsys, argv, *words: str) -> str:
+  rc = inspect_cli.main(argv)
+  err = capsys.readouterr().err.strip()
+  assert rc == 2 and len(err.splitlines()) == 1 and err.startswith("error: "), err
+  assert "Traceback" not in err and all(w in err for w in words), err
+  return err
+
+
+def test_missing_repo_offline(capsys, hub_cache):
+  assert_one_line_error(capsys, ["hf-hub:timm/not_downloaded"], "HF_HUB_OFFLINE",
+                        "hf download timm/not_downloaded")
+  assert_one_line_error(capsys, ["hf-hub:not-a-spec"], "hf-hub:ORG/NAME")
+
+
+def test_truncated_safetensors_and_layerscale(capsys, tmp_path, hub_cache):
+  torch, timm = timm_models.import_torch()
+  from timm.models import _hub
+  _, folder, _ = timm_repo(tmp_path, "token")
+  weights = (folder / "model.safetensors").read_bytes()
+  (folder / "model.safetensors").write_bytes(weights[:len(weights) // 2])
+  write_repo(hub_cache, "timm/truncated", {f: folder / f for f in os.listdir(folder)})
+  assert_one_line_error(capsys, ["hf-hub:timm/truncated"], "damaged", "download it again")
+  model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=SIZE,
+                            init_values=0.1, reg_tokens=4, no_embed_class=True)
+  _hub.save_for_hf(model, tmp_path / "ls", safe_serialization=True)
+  write_repo(hub_cache, "timm/layerscale", {f: tmp_path / "ls" / f for f in os.listdir(
+      tmp_path / "ls")})
+  assert_one_line_error(capsys, ["hf-hub:timm/layerscale"], "LayerScale", "ls1.gamma")
+
+
+def test_unknown_arrays_are_refused_by_name(capsys, tmp_path, hub_cache):
+  from safetensors.numpy import load_file, save_file
+  _, folder, _ = timm_repo(tmp_path, "token")
+  arrays = load_file(folder / "model.safetensors")
+  save_file(arrays | {"blocks.0.attn.extra.weight": np.ones((2, 2), np.float32)},
+            folder / "model.safetensors")
+  assert_one_line_error(capsys, [str(folder)], "blocks.0.attn.extra.weight", "Nothing was loaded")
+
+
+class _Hub(http.server.BaseHTTPRequestHandler):
+  """The Hub's answers for a gated repo and a missing one (huggingface_hub reads the
+  X-Error-Code header), on loopback."""
+
+  def do_HEAD(self):  # noqa: N802 (http.server's name)
+    code = "GatedRepo" if "/gated/" in self.path else "RepoNotFound"
+    self.send_response(401 if code == "GatedRepo" else 404)
+    self.send_header("X-Error-Code", code)
+    self.send_header("X-Error-Message", "Access to this repo is restricted." if code == "GatedRepo"
+                     else "Repository not found")
+    self.end_headers()
+
+  do_GET = do_HEAD  # noqa: N815
+
+  def log_message(self, *args):
+    pass
+
+
+def test_gated_and_missing_repos_online(capsys, hub_cache, monkeypatch):
+  from huggingface_hub import constants
+  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  try:
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    endpoint = f"http://127.0.0.1:{server.server_port}"
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)  # What HF_ENDPOINT sets at import.
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(hub_cache / "no-token"))
+    assert_one_line_error(capsys, ["hf-hub:org/gated"], "gated", "HF_TOKEN",
+                          "https://huggingface.co/org/gated")
+    assert_one_line_error(capsys, ["hf-hub:org/missing"], "no such repository")
+  finally:
+    server.shutdown()
+
+
+@pytest.mark.slow
+def test_fine_tuning_from_the_hub_takes_its_gelu_fc_norm_and_normalisation(tmp_path, hub_cache,
+                                                                         dataset):
+  from helpers import tiny_config
+  from vit_jax.train import loop
+  _, folder, config = timm_repo(tmp_path, "gap_fc_norm")
+  write_repo(hub_cache, "timm/gap", {f: folder / f for f in os.listdir(folder)})
+  tiny_vit = dict(patch_size=16, hidden_size=192, mlp_dim=768, num_heads=3, num_layers=12,
+                  classifier="gap")
+  c = tiny_config(dataset, total_steps=2, pretrained="hf-hub:timm/gap", **{
+      "data.image_size": SIZE, **{f"model.{k}": v for k, v in tiny_vit.items()}})
+  loop.train_and_evaluate(c, str(tmp_path / "ft"))
+  d = checkpoint.describe(str(tmp_path / "ft"))
+  assert (d.model["gelu"], d.model["fc_norm"], d.parent) == ("exact", True, "hf-hub:timm/gap")
+  cfg = config["pretrained_cfg"]
+  assert (d.preprocessing.mean, d.preprocessing.std) == (tuple(cfg["mean"]), tuple(cfg["std"]))
+  # A config that says otherwise is refused, naming the field.
+  c = tiny_config(dataset, pretrained="hf-hub:timm/gap", **{"model.gelu": "tanh"})
+  with pytest.raises(checkpoint.DescriptionMismatch, match="config.model.gelu 'tanh'"):
+    loop.inherit_model_fields(c, checkpoint.describe("hf-hub:timm/gap"))

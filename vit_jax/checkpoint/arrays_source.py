@@ -1,0 +1,37 @@
+"""A checkpoint's arrays taken by name, each once, so that a layout reader can refuse, by
+name, every array it did not use: no weight is dropped without a word."""
+from typing import Any, Mapping
+
+import numpy as np
+
+from vit_jax.checkpoint.npz import CheckpointError
+
+_SHOWN = 8  # Unused names listed in the error; the rest counted.
+
+
+class Source:
+  """`take` hands out an array and marks it used; `check_all_used` refuses the rest."""
+
+  def __init__(self, arrays: Mapping[str, Any], name: str):
+    self.name = name
+    self._left = dict(arrays)
+
+  def has(self, key: str) -> bool:
+    return key in self._left
+
+  def take(self, key: str) -> np.ndarray:
+    if key not in self._left:
+      raise CheckpointError(f"{self.name} lacks {key}, which its layout needs: the file is "
+                            "incomplete or of a model this reader does not know.")
+    return np.asarray(self._left.pop(key))
+
+  def take_pair(self, prefix: str) -> tuple[np.ndarray, np.ndarray]:
+    """A norm's (weight, bias) as (scale, bias)."""
+    return self.take(prefix + ".weight"), self.take(prefix + ".bias")
+
+  def check_all_used(self) -> None:
+    if self._left:
+      names = sorted(self._left)
+      more = f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
+      raise CheckpointError(f"{self.name} holds arrays this reader does not understand: "
+                            f"{', '.join(names[:_SHOWN])}{more}. Nothing was loaded.")

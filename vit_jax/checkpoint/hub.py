@@ -1,0 +1,169 @@
+"""Checkpoints on the Hugging Face Hub, `hf-hub:ORG/NAME[@REVISION]` (timm's spelling), and
+local folders holding the same files: `config.json` beside `model.safetensors` (or its sharded
+index), `preprocessor_config.json` where transformers wrote one.
+
+huggingface_hub downloads them, with its own cache and settings (`HF_HOME`, `HF_HUB_CACHE`,
+`HF_HUB_OFFLINE`, `HF_TOKEN` for gated repos); safetensors' numpy reader opens them (no
+torch). The layout is told from the arrays' names (`LAYOUTS`: timm's ViT, transformers' ViT),
+converted in memory to the released one, and described from the repo's config files.
+"""
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from vit_jax.checkpoint import npz, timm_layout, transformers_layout
+from vit_jax.checkpoint.description import Description
+from vit_jax.checkpoint.npz import CheckpointError
+
+PREFIX = "hf-hub:"
+CONFIG = "config.json"
+PROCESSOR = "preprocessor_config.json"
+WEIGHTS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+# One module per weight layout: NAME, matches(keys), to_released(arrays, config, source),
+# describe(flat, fields, config, processor, origin). The first that matches reads the file.
+LAYOUTS = (timm_layout, transformers_layout)
+
+
+def is_spec(path: Any) -> bool:
+  return isinstance(path, str) and path.startswith(PREFIX)
+
+
+def is_folder(path: Any) -> bool:
+  """A local folder laid out as a Hub repo (what `read` takes besides specs)."""
+  return isinstance(path, (str, os.PathLike)) and any(
+      os.path.isfile(os.path.join(path, f)) for f in (WEIGHTS, WEIGHTS_INDEX))
+
+
+def parse(spec: str) -> tuple[str, str | None]:
+  """`hf-hub:ORG/NAME[@REVISION]` -> (repo id, revision or None)."""
+  repo, _, revision = spec.removeprefix(PREFIX).partition("@")
+  if repo.count("/") != 1 or not all(repo.split("/")):
+    raise CheckpointError(f"{spec!r} is not a Hub checkpoint: write hf-hub:ORG/NAME[@REVISION], "
+                          "e.g. hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k.")
+  return repo, revision or None
+
+
+def _hub_error(e: Exception, repo: str, filename: str) -> CheckpointError | None:
+  """One line saying what to do, for each way huggingface_hub fails; None: re-raise."""
+  from huggingface_hub import constants, errors
+  page = f"https://huggingface.co/{repo}"
+  if isinstance(e, errors.GatedRepoError):
+    return CheckpointError(f"hf-hub:{repo} is gated: accept its terms at {page} while logged "
+                           "in, then set HF_TOKEN (or run `hf auth login`) and retry.")
+  if isinstance(e, errors.RepositoryNotFoundError):
+    return CheckpointError(f"hf-hub:{repo}: no such repository on the Hugging Face Hub (a "
+                           "private one needs HF_TOKEN): check the name at " + page)
+  if isinstance(e, errors.RevisionNotFoundError):
+    return CheckpointError(f"hf-hub:{repo}: no such revision; see {page}/tree/main for branches.")
+  if isinstance(e, (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled)):
+    how = ("HF_HUB_OFFLINE is set: unset it, or download it first where the Hub is reachable "
+           f"(`hf download {repo}`)" if constants.HF_HUB_OFFLINE else
+           f"the Hub could not be reached: retry, or `hf download {repo}` where it can")
+    return CheckpointError(f"hf-hub:{repo}: {filename} is not in the Hugging Face cache "
+                           f"({constants.HF_HUB_CACHE}) and {how}.")
+  if isinstance(e, errors.EntryNotFoundError):
+    return CheckpointError(f"hf-hub:{repo} has no {filename}: vit_jax reads timm's and "
+                           "transformers' ViT repos holding model.safetensors and config.json.")
+  if isinstance(e, errors.HfHubHTTPError):
+    return CheckpointError(f"hf-hub:{repo}: the Hub answered {e}".splitlines()[0])
+  return None
+
+
+def _download(repo: str, revision: str | None, filename: str, absent_ok: bool = False,
+              uncached_ok: bool = False) -> str | None:
+  """The file's local path. None where the repo lacks it (`absent_ok`), or where it is not
+  in the cache and the Hub cannot be asked (`uncached_ok`)."""
+  import huggingface_hub
+  from huggingface_hub import errors
+  try:
+    return huggingface_hub.hf_hub_download(repo, filename, revision=revision)
+  except Exception as e:  # Mapped to a one-line CheckpointError, or re-raised.
+    uncached = isinstance(e, (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled))
+    if (uncached and uncached_ok) or (
+        absent_ok and not uncached and isinstance(e, errors.EntryNotFoundError)):
+      return None
+    error = _hub_error(e, repo, filename)
+    if error is None:
+      raise
+    raise error from e
+
+
+def _weight_files(folder: str, get=None) -> list[str]:
+  """model.safetensors, or the shards its index names (each fetched with `get` if given)."""
+  if os.path.isfile(os.path.join(folder, WEIGHTS)):
+    return [os.path.join(folder, WEIGHTS)]
+  with open(os.path.join(folder, WEIGHTS_INDEX), encoding="utf-8") as f:
+    shards = sorted(set(json.load(f)["weight_map"].values()))
+  return [get(s) if get else os.path.join(folder, s) for s in shards]
+
+
+def fetch(spec: str) -> tuple[str, list[str]]:
+  """Downloads (or finds in the cache) what `read` needs: (snapshot folder, weight files)."""
+  repo, revision = parse(spec)
+  folder = os.path.dirname(_download(repo, revision, CONFIG))
+  _download(repo, revision, PROCESSOR, absent_ok=True, uncached_ok=True)
+  get = lambda filename: _download(repo, revision, filename)
+  if any(os.path.isfile(os.path.join(folder, f)) for f in (WEIGHTS, WEIGHTS_INDEX)):
+    return folder, _weight_files(folder, get)
+  if _download(repo, revision, WEIGHTS, absent_ok=True):
+    return folder, [os.path.join(folder, WEIGHTS)]
+  if _download(repo, revision, WEIGHTS_INDEX, absent_ok=True) is None:
+    raise CheckpointError(f"{spec} holds no {WEIGHTS} (nor a sharded index): vit_jax reads "
+                          "safetensors weights; a repo with pytorch_model.bin only needs "
+                          "converting first.")
+  return folder, _weight_files(folder, get)
+
+
+def _json(path: str) -> dict[str, Any]:
+  if not os.path.isfile(path):
+    return {}
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except (ValueError, OSError) as e:
+    raise CheckpointError(f"{path} is not readable JSON ({e}): download it again.") from e
+
+
+def read_arrays(files: list[str]) -> dict[str, np.ndarray]:
+  """Every tensor of the .safetensors files, as numpy arrays."""
+  from safetensors import SafetensorError
+  from safetensors.numpy import load_file
+  arrays = {}
+  for path in files:
+    try:
+      arrays.update(load_file(path))
+    except (SafetensorError, OSError, ValueError, TypeError) as e:
+      raise CheckpointError(
+          f"{path} is damaged ({str(e).splitlines()[0]}), e.g. truncated by an interrupted "
+          "download: delete it and download it again (`hf download REPO --force-download`)."
+      ) from e
+  return arrays
+
+
+def _layout(arrays: dict[str, np.ndarray], origin: str):
+  layout = next((m for m in LAYOUTS if m.matches(arrays)), None)
+  if layout is None:
+    sample = ", ".join(sorted(arrays)[:4])
+    raise CheckpointError(f"{origin} is in none of the layouts vit_jax reads "
+                          f"({', '.join(m.NAME for m in LAYOUTS)} ViTs); its arrays: {sample}, ...")
+  return layout
+
+
+def read(path: str) -> tuple[dict[str, np.ndarray], Description, str]:
+  """(flat original-layout arrays, the description its config files give, `path`) of a
+  Hub spec or a local folder holding a Hub repo's files."""
+  if is_spec(path):
+    folder, weights = fetch(path)
+  else:
+    folder = os.fspath(path)
+    weights = _weight_files(folder)
+  config = _json(os.path.join(folder, CONFIG))
+  processor = _json(os.path.join(folder, PROCESSOR))
+  arrays = read_arrays(weights)
+  layout = _layout(arrays, path)
+  flat = layout.to_released(arrays, config, path)
+  fields = npz.infer_model_config(flat)
+  return flat, layout.describe(flat, fields, config, processor, path), str(path)

@@ -1,0 +1,251 @@
+"""timm's ViT weights (the `timm/` repos of the Hugging Face Hub, `model.safetensors`) in the
+released layout, with numpy alone: the inverse of timm's `_load_weights`.
+
+Covers timm's `VisionTransformer` and its hybrids: class token or none, `token` / `avg` / `map`
+pooling, `fc_norm` (the final norm after pooling), registers with or without position
+embeddings (`no_embed_class`), an old-style `pre_logits.fc`, SigLIP's attention-pool head, and
+the ResNet-v2 stems of `vit_*_r50_*`, `vit_*_r26_*` and `vit_tiny_r_s16_p8`. What the model here
+cannot express (LayerScale, a pre-norm, q/k norms, avg pooling beside a class token) is refused
+by name, as is any array this reader does not use: nothing is dropped without a word.
+"""
+import math
+import re
+from typing import Any, Mapping
+
+import numpy as np
+
+from vit_jax import models
+from vit_jax.checkpoint import arrays_source, description as desc_lib
+from vit_jax.checkpoint.npz import POSEMB_KEY, CheckpointError
+
+NAME = "timm"
+# Pretrained tags of weights trained by Google in JAX, whose GELU was flax's tanh form;
+# timm runs every ViT with the exact GELU unless its config names another.
+_TANH_TAGS = ("augreg_in21k", "augreg_in21k_ft_in1k", "augreg_in1k", "orig_in21k",
+              "orig_in21k_ft_in1k", "sam_in1k", "webli", "v2_webli")
+# timm's defaults where a pretrained_cfg leaves them out.
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+# Heads of timm's ViT widths whose head size is not 64 (ViT-H, -g, SigLIP's So400m).
+_HEADS_OF_WIDTH = {1152: 16, 1280: 16, 1408: 16}
+# Arrays timm models hold that this ViT has no place for: the reason, said once.
+_UNSUPPORTED = {
+    r"\.ls[12]\.gamma$": "LayerScale (blocks.N.ls1.gamma / ls2.gamma)",
+    r"^norm_pre\.": "a pre-norm before the blocks (norm_pre, CLIP's layout)",
+    r"\.(q_norm|k_norm)\.": "query/key normalisation (q_norm, k_norm)",
+    r"\.attn\.(q_bias|v_bias)$": "separate query/value biases (BEiT's layout)",
+}
+
+
+def matches(keys: Any) -> bool:
+  return "patch_embed.proj.weight" in keys and "blocks.0.attn.qkv.weight" in keys
+
+
+def _conv(w: np.ndarray) -> np.ndarray:
+  return w.transpose(2, 3, 1, 0)  # (out, in, h, w) -> (h, w, in, out).
+
+
+def _refuse_unsupported(keys: Any, source: str) -> None:
+  for pattern, what in _UNSUPPORTED.items():
+    found = sorted(k for k in keys if re.search(pattern, k))
+    if found:
+      raise CheckpointError(
+          f"{source} uses {what} ({found[0]}{', ...' if len(found) > 1 else ''}), which vit_jax's "
+          "ViT does not have: it cannot be loaded without changing its outputs.")
+
+
+def num_heads(config: Mapping[str, Any], width: int, mlp: int, layers: int, patch: int) -> int:
+  """The head count, which the arrays do not show: the config's, the registry's, or timm's."""
+  heads = (config.get("model_args") or {}).get("num_heads")
+  if heads:
+    return int(heads)
+  fields = dict(patch_size=patch, hidden_size=width, mlp_dim=mlp, num_layers=layers)
+  for named in models.MODEL_CONFIGS.values():
+    if all(named[k] == v for k, v in fields.items()) and named.get("resnet_layers") is None:
+      return named["num_heads"]
+  if width in _HEADS_OF_WIDTH or width % 64 == 0:
+    return _HEADS_OF_WIDTH.get(width, width // 64)
+  raise CheckpointError(f"Cannot tell the number of attention heads of a width-{width} ViT: "
+                        "its config.json names none (model_args.num_heads).")
+
+
+def _backbone(src: arrays_source.Source) -> dict[str, np.ndarray]:
+  """The hybrids' ResNet-v2 stem (timm's ResNetV2 with StdConv: weights as stored)."""
+  b, out = "patch_embed.backbone.", {}
+  stem = b + "stem." if src.has(b + "stem.conv.weight") else b  # Stem-only: R+ViT-Ti_16.
+  out["conv_root/kernel"] = _conv(src.take(stem + "conv.weight"))
+  out["gn_root/scale"], out["gn_root/bias"] = src.take_pair(stem + "norm")
+  i = 0
+  while src.has(f"{b}stages.{i}.blocks.0.conv1.weight"):
+    j = 0
+    while src.has(f"{b}stages.{i}.blocks.{j}.conv1.weight"):
+      p, q = f"{b}stages.{i}.blocks.{j}.", f"block{i + 1}/unit{j + 1}/"
+      for r in (1, 2, 3):
+        out[q + f"conv{r}/kernel"] = _conv(src.take(p + f"conv{r}.weight"))
+        out[q + f"gn{r}/scale"], out[q + f"gn{r}/bias"] = src.take_pair(p + f"norm{r}")
+      if src.has(p + "downsample.conv.weight"):
+        out[q + "conv_proj/kernel"] = _conv(src.take(p + "downsample.conv.weight"))
+        out[q + "gn_proj/scale"], out[q + "gn_proj/bias"] = src.take_pair(p + "downsample.norm")
+      j += 1
+    i += 1
+  return out
+
+
+def _square(n: int) -> bool:
+  return n >= 0 and math.isqrt(n) ** 2 == n
+
+
+def _tokens(src: arrays_source.Source) -> dict[str, np.ndarray]:
+  """Class token, registers, position embedding. Ours covers the class token (a zero row
+  where timm's `no_embed_class` gives it none) and the patches; registers get none, so rows
+  timm gives them are folded into the registers."""
+  out, posemb = {}, src.take("pos_embed")
+  cls = src.has("cls_token")
+  if cls:
+    out["cls"] = src.take("cls_token")
+  registers = src.take("reg_token") if src.has("reg_token") else None
+  prefix = int(cls) + (0 if registers is None else registers.shape[1])
+  n = posemb.shape[1]
+  layouts = [embed for embed, ok in ((False, _square(n)), (True, prefix and _square(n - prefix)))
+             if ok]
+  if len(layouts) != 1:
+    raise CheckpointError(f"{src.name}: pos_embed's {n} rows are not a square patch grid with or "
+                          f"without the {prefix} prefix tokens' rows.")
+  if not layouts[0] and cls:  # no_embed_class: the class token had no position embedding.
+    posemb = np.concatenate([np.zeros_like(posemb[:, :1]), posemb], axis=1)
+  if registers is not None:
+    if layouts[0]:
+      registers = registers + posemb[:, int(cls):prefix]
+      posemb = np.delete(posemb, np.s_[int(cls):prefix], axis=1)
+    out["reg"] = registers
+  out[POSEMB_KEY] = posemb
+  return out
+
+
+def _attention(src: arrays_source.Source, p: str, q: str, heads: int) -> dict[str, np.ndarray]:
+  """timm's fused qkv and proj (block `p`) as query/key/value/out of block `q`."""
+  w, b = src.take(p + "attn.qkv.weight"), src.take(p + "attn.qkv.bias")
+  d = w.shape[1]
+  out = {}
+  for n, name in enumerate(("query", "key", "value")):
+    out[q + f"{name}/kernel"] = w[n * d:(n + 1) * d].T.reshape(d, heads, d // heads)
+    out[q + f"{name}/bias"] = b[n * d:(n + 1) * d].reshape(heads, d // heads)
+  out[q + "out/kernel"] = src.take(p + "attn.proj.weight").T.reshape(heads, d // heads, d)
+  out[q + "out/bias"] = src.take(p + "attn.proj.bias")
+  return out
+
+
+def _dense(src: arrays_source.Source, p: str, q: str) -> dict[str, np.ndarray]:
+  return {q + "kernel": src.take(p + ".weight").T, q + "bias": src.take(p + ".bias")}
+
+
+def _blocks(src: arrays_source.Source, heads: int) -> dict[str, np.ndarray]:
+  out, i = {}, 0
+  while src.has(f"blocks.{i}.norm1.weight"):
+    p, q = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
+    out[q + "LayerNorm_0/scale"], out[q + "LayerNorm_0/bias"] = src.take_pair(p + "norm1")
+    out |= _attention(src, p, q + "MultiHeadDotProductAttention_1/", heads)
+    out[q + "LayerNorm_2/scale"], out[q + "LayerNorm_2/bias"] = src.take_pair(p + "norm2")
+    out |= _dense(src, p + "mlp.fc1", q + "MlpBlock_3/Dense_0/")
+    out |= _dense(src, p + "mlp.fc2", q + "MlpBlock_3/Dense_1/")
+    i += 1
+  return out
+
+
+def _attention_pool(src: arrays_source.Source, heads: int) -> dict[str, np.ndarray]:
+  """SigLIP's head (timm's AttentionPoolLatent) as big_vision's MAPHead."""
+  q, out = "MAPHead_0/MultiHeadDotProductAttention_0/", {}
+  out["MAPHead_0/probe"] = src.take("attn_pool.latent")
+  if out["MAPHead_0/probe"].shape[1] != 1:
+    raise CheckpointError(f"{src.name}: an attention pool of several latents is not supported.")
+  d = out["MAPHead_0/probe"].shape[-1]
+  kv_w, kv_b = src.take("attn_pool.kv.weight"), src.take("attn_pool.kv.bias")
+  parts = {"query": (src.take("attn_pool.q.weight"), src.take("attn_pool.q.bias")),
+           "key": (kv_w[:d], kv_b[:d]), "value": (kv_w[d:], kv_b[d:])}
+  for name, (w, b) in parts.items():
+    out[q + f"{name}/kernel"] = w.T.reshape(d, heads, d // heads)
+    out[q + f"{name}/bias"] = b.reshape(heads, d // heads)
+  out[q + "out/kernel"] = src.take("attn_pool.proj.weight").T.reshape(heads, d // heads, d)
+  out[q + "out/bias"] = src.take("attn_pool.proj.bias")
+  out["MAPHead_0/LayerNorm_0/scale"], out["MAPHead_0/LayerNorm_0/bias"] = src.take_pair(
+      "attn_pool.norm")
+  out |= _dense(src, "attn_pool.mlp.fc1", "MAPHead_0/MlpBlock_0/Dense_0/")
+  out |= _dense(src, "attn_pool.mlp.fc2", "MAPHead_0/MlpBlock_0/Dense_1/")
+  return out
+
+
+def _check_pooling(config: Mapping[str, Any], src: arrays_source.Source) -> None:
+  pool = config.get("global_pool", "token" if src.has("cls_token") else "avg")
+  if pool not in ("token", "avg", "map", ""):
+    raise CheckpointError(f"{src.name}: global_pool={pool!r} is not a pooling vit_jax's ViT has "
+                          "(token, avg, map).")
+  if pool == "avg" and src.has("cls_token"):
+    raise CheckpointError(f"{src.name} pools the patches' mean beside a class token (MAE's "
+                          "layout), which vit_jax's ViT does not build: its classifier is "
+                          "either the class token or the mean without one.")
+
+
+def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
+                source: str) -> dict[str, np.ndarray]:
+  """timm's state dict (numpy) as flat original-layout arrays; raises CheckpointError
+  naming any array it does not use."""
+  _refuse_unsupported(arrays, source)
+  src = arrays_source.Source(arrays, source)
+  _check_pooling(config, src)
+  out = _backbone(src) if any(k.startswith("patch_embed.backbone.") for k in arrays) else {}
+  out["embedding/kernel"] = _conv(src.take("patch_embed.proj.weight"))
+  out["embedding/bias"] = src.take("patch_embed.proj.bias")
+  out |= _tokens(src)
+  fc1 = arrays["blocks.0.mlp.fc1.weight"]
+  layers = len({k.split(".")[1] for k in arrays if k.startswith("blocks.")})
+  heads = num_heads(config, fc1.shape[1], fc1.shape[0], layers,
+                    out["embedding/kernel"].shape[0])
+  out |= _blocks(src, heads)
+  for name, key in (("norm", "Transformer/encoder_norm"), ("fc_norm", "fc_norm")):
+    if src.has(name + ".weight"):
+      out[key + "/scale"], out[key + "/bias"] = src.take_pair(name)
+  if src.has("attn_pool.latent"):
+    out |= _attention_pool(src, heads)
+  if src.has("pre_logits.fc.weight"):
+    out |= _dense(src, "pre_logits.fc", "pre_logits/")
+  if src.has("head.weight"):
+    out |= _dense(src, "head", "head/")
+  src.check_all_used()
+  return out
+
+
+def gelu(config: Mapping[str, Any]) -> str:
+  """"tanh" for weights trained with it (Google's JAX-trained tags, SigLIP; or the config's
+  act_layer), else "exact", timm's own."""
+  act = (config.get("model_args") or {}).get("act_layer")
+  if act:
+    return "tanh" if "tanh" in str(act) else "exact"
+  tag = (config.get("pretrained_cfg") or {}).get("tag") or ""
+  return "tanh" if tag in _TANH_TAGS or "siglip" in config.get("architecture", "") else "exact"
+
+
+def preprocessing(config: Mapping[str, Any]) -> desc_lib.Preprocessing:
+  """timm's pretrained_cfg: mean, std, interpolation, crop_pct / crop_mode."""
+  cfg = config.get("pretrained_cfg") or {}
+  crop_pct = float(cfg.get("crop_pct") or 1.0)
+  squash = cfg.get("crop_mode", "center") == "squash"
+  return desc_lib.Preprocessing(
+      mean=tuple(float(v) for v in cfg.get("mean", IMAGENET_MEAN)),
+      std=tuple(float(v) for v in cfg.get("std", IMAGENET_STD)),
+      interpolation="bilinear" if cfg.get("interpolation") == "bilinear" else "bicubic",
+      crop="resize" if squash else "central_crop", central_crop_fraction=crop_pct)
+
+
+def describe(flat: Mapping[str, np.ndarray], fields: dict[str, Any], config: Mapping[str, Any],
+             processor: Mapping[str, Any], origin: str) -> desc_lib.Description:
+  """The description timm's config.json gives: resolution, preprocessing, classes, GELU
+  (timm repos have no preprocessor_config; the origin changes nothing)."""
+  del processor, origin
+  cfg = config.get("pretrained_cfg") or {}
+  num_classes = flat["head/kernel"].shape[-1] if "head/kernel" in flat else None
+  names = config.get("label_names") or cfg.get("label_names") or ()
+  size = (cfg.get("input_size") or [desc_lib.DEFAULT_IMAGE_SIZE])[-1]
+  fields = fields | {"gelu": gelu(config)}
+  return desc_lib.Description(
+      model=fields, model_name=models.registry.match_name(fields), num_classes=num_classes,
+      image_size=int(size), preprocessing=preprocessing(config),
+      class_names=tuple(names) if num_classes and len(names) == num_classes else ())

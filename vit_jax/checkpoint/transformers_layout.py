@@ -1,0 +1,121 @@
+"""transformers' ViT weights (`ViTModel`, `ViTForImageClassification`, as google/vit-* on the
+Hugging Face Hub hold them) in the released layout, with numpy alone.
+
+Google's uploads are the released JAX checkpoints converted: `pooler` is the pre-logits layer
+(dense + tanh on the class token), `classifier` the head, and the weights were trained with
+flax's tanh GELU although transformers runs the exact one (`hidden_act: gelu`).
+"""
+from typing import Any, Mapping
+
+import numpy as np
+
+from vit_jax import models
+from vit_jax.checkpoint import arrays_source, description as desc_lib
+from vit_jax.checkpoint.npz import POSEMB_KEY, CheckpointError
+
+NAME = "transformers"
+_TANH_ACTS = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python_tanh")
+# Organisations whose transformers ViTs are conversions of JAX-trained (tanh GELU) weights.
+_JAX_TRAINED_ORGS = ("google/",)
+# transformers' resample codes (PIL's): 2 bilinear, 3 bicubic.
+_RESAMPLE = {2: "bilinear", 3: "bicubic"}
+
+
+def matches(keys: Any) -> bool:
+  return any(k.removeprefix("vit.") == "embeddings.patch_embeddings.projection.weight"
+             for k in keys)
+
+
+def _dense(src: arrays_source.Source, p: str, q: str, heads: int | None = None,
+           out: bool = False) -> dict[str, np.ndarray]:
+  """A torch Linear as a flax Dense, or a DenseGeneral over heads (into or out of them)."""
+  w, b = src.take(p + ".weight").T, src.take(p + ".bias")
+  if heads and out:
+    w = w.reshape(heads, -1, w.shape[-1])
+  elif heads:
+    w, b = w.reshape(w.shape[0], heads, -1), b.reshape(heads, -1)
+  return {q + "kernel": w, q + "bias": b}
+
+
+def _block(src: arrays_source.Source, i: int, heads: int) -> dict[str, np.ndarray]:
+  p, q = f"encoder.layer.{i}.", f"Transformer/encoderblock_{i}/"
+  att, out = q + "MultiHeadDotProductAttention_1/", {}
+  out[q + "LayerNorm_0/scale"], out[q + "LayerNorm_0/bias"] = src.take_pair(
+      p + "layernorm_before")
+  for name in ("query", "key", "value"):
+    out |= _dense(src, p + f"attention.attention.{name}", att + f"{name}/", heads)
+  out |= _dense(src, p + "attention.output.dense", att + "out/", heads, out=True)
+  out[q + "LayerNorm_2/scale"], out[q + "LayerNorm_2/bias"] = src.take_pair(
+      p + "layernorm_after")
+  out |= _dense(src, p + "intermediate.dense", q + "MlpBlock_3/Dense_0/")
+  out |= _dense(src, p + "output.dense", q + "MlpBlock_3/Dense_1/")
+  return out
+
+
+def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
+                source: str) -> dict[str, np.ndarray]:
+  """transformers' ViT state dict (numpy) as flat original-layout arrays; raises
+  CheckpointError naming any array it does not use."""
+  src = arrays_source.Source({k.removeprefix("vit."): v for k, v in arrays.items()}, source)
+  heads = int(config.get("num_attention_heads") or 0)
+  if not heads:
+    raise CheckpointError(f"{source}: its config.json names no num_attention_heads.")
+  e, out = "embeddings.", {}
+  out["embedding/kernel"] = src.take(e + "patch_embeddings.projection.weight").transpose(2, 3, 1, 0)
+  out["embedding/bias"] = src.take(e + "patch_embeddings.projection.bias")
+  out["cls"] = src.take(e + "cls_token")
+  out[POSEMB_KEY] = src.take(e + "position_embeddings")
+  i = 0
+  while src.has(f"encoder.layer.{i}.layernorm_before.weight"):
+    out |= _block(src, i, heads)
+    i += 1
+  out["Transformer/encoder_norm/scale"], out["Transformer/encoder_norm/bias"] = src.take_pair(
+      "layernorm")
+  if src.has("pooler.dense.weight"):
+    out |= _dense(src, "pooler.dense", "pre_logits/")
+  if src.has("classifier.weight"):
+    out |= _dense(src, "classifier", "head/")
+  src.check_all_used()
+  return out
+
+
+def gelu(config: Mapping[str, Any], origin: str) -> str:
+  """"tanh" where the config says so, or where the weights are Google's JAX-trained ones
+  (the repo, or the config's `_name_or_path`, under google/); else transformers' exact GELU."""
+  act = str(config.get("hidden_act", "gelu"))
+  if act in _TANH_ACTS:
+    return "tanh"
+  if act != "gelu":
+    raise CheckpointError(f"{origin}: hidden_act={act!r} is not a GELU vit_jax's ViT runs.")
+  named = (origin.removeprefix("hf-hub:"), str(config.get("_name_or_path", "")))
+  return "tanh" if any(n.startswith(_JAX_TRAINED_ORGS) for n in named) else "exact"
+
+
+def preprocessing(processor: Mapping[str, Any]) -> desc_lib.Preprocessing:
+  """preprocessor_config.json: ViTImageProcessor resizes to `size` (no crop) and normalises."""
+  mean = processor.get("image_mean", (0.5, 0.5, 0.5))
+  std = processor.get("image_std", (0.5, 0.5, 0.5))
+  if not processor.get("do_normalize", True):
+    mean, std = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
+  return desc_lib.Preprocessing(
+      mean=tuple(float(v) for v in mean), std=tuple(float(v) for v in std), crop="resize",
+      interpolation=_RESAMPLE.get(processor.get("resample", 2), "bilinear"))
+
+
+def _class_names(config: Mapping[str, Any], num_classes: int | None) -> tuple[str, ...]:
+  labels = {int(k): v for k, v in (config.get("id2label") or {}).items()}
+  if not num_classes or len(labels) != num_classes:
+    return ()
+  names = tuple(labels[i] for i in range(num_classes))
+  return () if all(n == f"LABEL_{i}" for i, n in enumerate(names)) else names
+
+
+def describe(flat: Mapping[str, np.ndarray], fields: dict[str, Any], config: Mapping[str, Any],
+             processor: Mapping[str, Any], origin: str) -> desc_lib.Description:
+  """The description transformers' config.json and preprocessor_config.json give."""
+  num_classes = flat["head/kernel"].shape[-1] if "head/kernel" in flat else None
+  fields = fields | {"gelu": gelu(config, origin)}
+  return desc_lib.Description(
+      model=fields, model_name=models.registry.match_name(fields), num_classes=num_classes,
+      image_size=int(config.get("image_size", desc_lib.DEFAULT_IMAGE_SIZE)),
+      preprocessing=preprocessing(processor), class_names=_class_names(config, num_classes))
