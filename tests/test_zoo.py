@@ -383,6 +383,11 @@ def test_a_bucket_only_file_offline_names_the_url_and_close_names(cache_dir, no_
     augreg.resolve("augreg:B_32")
   assert str(e.value).startswith(f"Cannot read {augreg.DEFAULT_ZOO_DIR}/{b32}.npz (OSError")
   assert "refuses anonymous reads since February 2026" in str(e.value)
+  # The same model's files that the Hub has, to use instead.
+  assert f"{b32} has no Hugging Face Hub copy; these B_32 files do:" in str(e.value)
+  assert ("  hf-hub:timm/vit_base_patch32_224.augreg_in21k   "
+          "(B_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.03-do_0.0-sd_0.0)") in str(e.value)
+  assert "ft_in1k" not in str(e.value)  # Pre-trained ones only, as the file asked for.
   typo = S16.replace("light1", "light2")
   with pytest.raises(augreg.ZooError, match="not in vit_jax's table of AugReg files") as e:
     augreg.resolve(f"augreg:{typo}")

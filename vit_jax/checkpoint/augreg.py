@@ -540,6 +540,17 @@ def _close_in_table(filename: str) -> str:
           "\n  ".join(close)) if close else ""
 
 
+def _hub_alternatives(filename: str) -> str:
+  """The Hub copies of the same model's other files of the same kind (pre-trained or
+  fine-tuned), for a file that has none."""
+  model, adapted = filename.split("-")[0], "--" in filename
+  others = [f"  {HUB_PREFIX}{e['hub']}   ({e['filename']})" for e in _read_hub_table()
+            if e["hub"] and e["filename"].split("-")[0] == model
+            and ("--" in e["filename"]) == adapted]
+  return (f"\n{filename} has no Hugging Face Hub copy; these {model} files do:\n"
+          + "\n".join(others)) if others else ""
+
+
 def _from_zoo(name: str, row: Row | None, zoo_dir: str, cache_dir: str, progress: bool,
               in_table: bool) -> tuple[str, Row | None]:
   """The cached .npz of `name`, copied from `zoo_dir` unless it is there, and its index row
@@ -557,7 +568,8 @@ def _from_zoo(name: str, row: Row | None, zoo_dir: str, cache_dir: str, progress
   try:
     return fetch(name, zoo_dir, cache_dir, progress), row
   except ZooError as e:
-    if in_table or not (hint := _close_in_table(name)):
+    hint = _hub_alternatives(name) if in_table else _close_in_table(name)
+    if not hint:
       raise
     raise ZooError(f"{e}{hint}") from e
 
