@@ -144,6 +144,16 @@ def _add(handler: logging.Handler, level: int, formatter: logging.Formatter | No
   return handler
 
 
+def _one_hub_handler() -> None:
+  """huggingface_hub prints its warnings (a download's retries) with a stream handler of its
+  own, besides passing them on to the root logger's: the root's alone shows them once."""
+  import huggingface_hub.utils.logging  # noqa: F401  (which adds that handler when imported)
+  hub_logger = logging.getLogger("huggingface_hub")
+  for h in list(hub_logger.handlers):
+    if type(h) is logging.StreamHandler:
+      hub_logger.removeHandler(h)
+
+
 def route_logs(log_file: str | None = None, verbose: bool = False,
                hold: bool = False) -> TextIO | None:
   """Sends the library's logs (Python's and absl's) to `log_file` (appended to), keeping the
@@ -174,6 +184,7 @@ def route_logs(log_file: str | None = None, verbose: bool = False,
   for h in held:
     h.setTarget(sink)
     h.close()  # Hands its records to the file, if there is one now.
+  _one_hub_handler()
   if "tensorflow_datasets" in sys.modules:  # Else start_tensorflow sets it.
     sys.modules["tensorflow_datasets"].display_progress_bar(verbose)
   return sink.stream if sink else None

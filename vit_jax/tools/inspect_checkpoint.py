@@ -17,21 +17,20 @@ head against depth and attention rollout.
 """
 import argparse
 import json
-import os
 import shlex
 import textwrap
 from typing import Any
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up lines hide the report.
+from vit_jax.tools import cli
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+with cli.native_logs():  # TensorFlow's start-up lines (figures, exported models) hide the report.
+  import jax
+  import numpy as np
 
-from vit_jax import checkpoint, explore, figures, models  # noqa: E402
-from vit_jax.configs import finetune  # noqa: E402
-from vit_jax.models import registry  # noqa: E402
-from vit_jax.checkpoint import exported  # noqa: E402
-from vit_jax.tools import cli  # noqa: E402
+  from vit_jax import checkpoint, explore, figures, models
+  from vit_jax.checkpoint import exported
+  from vit_jax.configs import finetune
+  from vit_jax.models import registry
 
 # What the fine-tuning model must share with the file for its arrays to load; the
 # fine-tuning config's model starts from a registry name and overrides the rest.
@@ -249,12 +248,14 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--num_images", type=int, default=128,
                  help="images the attention distance averages over (default: %(default)s)")
   p.add_argument("--batch_size", type=int, default=32, help="images per forward pass")
+  cli.add_verbose_flag(p)
   return p
 
 
 @cli.command
 def main(argv: list[str]) -> int:
   args = parser().parse_args(argv)
+  cli.route_logs(verbose=args.verbose)
   if exported.is_exported(args.checkpoint):
     described = checkpoint.describe(args.checkpoint).to_dict()
     print(json.dumps({"checkpoint": args.checkpoint, "description": described}, indent=1)

@@ -25,14 +25,16 @@ from collections.abc import Iterator
 # TensorFlow's C++ log repeats every unreadable image's error; this command reports them.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tqdm  # noqa: E402
-
-from vit_jax import checkpoint  # noqa: E402
-from vit_jax.serving import images as image_files  # noqa: E402
-from vit_jax.serving import labels as label_lib  # noqa: E402
-from vit_jax.serving import runners  # noqa: E402
 from vit_jax.tools import cli  # noqa: E402
+
+with cli.native_logs():  # TensorFlow's start-up lines.
+  import numpy as np
+  import tqdm
+
+  from vit_jax import checkpoint
+  from vit_jax.serving import images as image_files
+  from vit_jax.serving import labels as label_lib
+  from vit_jax.serving import runners
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -49,6 +51,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                       help="registry name of a checkpoint's model (checked against it)")
   parser.add_argument("--image_size", type=int, default=None,
                       help="a checkpoint's input resolution (resizes its position embedding)")
+  cli.add_verbose_flag(parser)
   args = parser.parse_args(argv)
   if args.top_k < 1 or args.batch_size < 1:
     parser.error("--top_k and --batch_size must be at least 1.")
@@ -113,6 +116,7 @@ def _names_and_output(runner: runners.Runner, args: argparse.Namespace) -> tuple
 @cli.command
 def main(argv: list[str]) -> int:
   args = parse_args(argv)
+  cli.route_logs(verbose=args.verbose)
   paths, unmatched = image_files.find_images(args.images)
   for spec in unmatched:
     print(f"No images at {spec}", file=sys.stderr)
