@@ -4,7 +4,8 @@ checksum of every array of the state, and the step's `Description`).
 
 Here: the manager, saving and restoring one step (verified against its checksums, falling
 back to older steps and setting bad ones aside), the resumability check, the latest step,
-and the params of a step as host arrays for any device count.
+and the params of a step as host arrays for any device count. The workdir's lock, WORKDIR/lock,
+is workdir_lock.py's.
 """
 import json
 import logging

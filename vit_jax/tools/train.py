@@ -15,6 +15,10 @@ TensorBoard logs are, the commands to run next. The library's logs (absl's INFO 
 metrics, data preparation) go to WORKDIR/train.log, appended to on a resume; --verbose (or
 absl's --alsologtostderr) shows them on stderr too. Warnings and errors reach the console.
 Only process 0 of a multi-process run reports; the others log to WORKDIR/train.processN.log.
+
+One run at a time per workdir: WORKDIR/lock names the process that holds it, from before the
+run writes there to its end; another run on the same workdir ends at once with status 2 and one
+line naming that process.
 """
 import contextlib
 import logging
@@ -36,6 +40,7 @@ from vit_jax.config_errors import ConfigError, check_known
 from vit_jax.tools import cli
 
 if TYPE_CHECKING:  # The library is imported once the flags are parsed.
+  from vit_jax.checkpoint import workdir_lock
   from vit_jax.train import loop
 
 _STARTED = time.time()
@@ -306,11 +311,32 @@ def _start_jax():
   return jax
 
 
+def _own_workdir() -> "workdir_lock.Lock | None":
+  """The workdir's lock (checkpoint/workdir_lock.py), taken before anything is written there: a
+  workdir in use by another run ends this one with one line naming its holder."""
+  from vit_jax.checkpoint import workdir_lock
+  try:
+    return workdir_lock.take(FLAGS.workdir)
+  except OSError as e:  # The workdir cannot be created, or its lock not written.
+    cli.fail(f"--workdir {FLAGS.workdir}: {e}")
+  except workdir_lock.WorkdirInUse as e:
+    cli.fail(e)
+
+
 def main(argv) -> None:
   del argv
   verbose = FLAGS.verbose or FLAGS.alsologtostderr or FLAGS.logtostderr
   cli.route_logs(verbose=verbose, hold=True)  # Until this process knows its index.
   jax = _start_jax()
+  lock = _own_workdir()
+  try:
+    _train(jax, verbose)
+  finally:
+    if lock:
+      lock.release()  # Not after a stall (the watchdog's os._exit): the next run takes it over.
+
+
+def _train(jax, verbose: bool) -> None:
   from vit_jax import checkpoint
   from vit_jax.train import loop
 

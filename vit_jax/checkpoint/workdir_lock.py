@@ -1,0 +1,204 @@
+"""A training run's workdir has one owner: WORKDIR/lock, a JSON file naming the process that
+holds it (`{"host": ..., "pid": ..., "since": ...}`), created atomically (O_CREAT | O_EXCL)
+before anything else is written there and removed when the run ends.
+
+A lock left by a process that is gone (its PID is no longer alive on this host) is taken
+over, with a warning; one held by a live process on this host, or by any process on another
+host (whose liveness cannot be checked from here), is refused: `WorkdirInUse`.
+
+A multi-process run takes it once: process 0 does, and every process learns whether it did.
+A workdir in a bucket (gs://) takes none: a bucket has no exclusive create through the file
+API the run writes with (etils epath's open refuses mode "x"), so the run goes on unlocked,
+with a note in its log.
+"""
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import socket
+import time
+
+LOCK_NAME = "lock"
+# How long a lock file that does not read as a lock yet (its creator between creating and
+# writing it) is read again before it counts as unreadable.
+READ_RETRY_S = 2.0
+
+
+class WorkdirInUse(ValueError):
+  """The workdir is held by another process: one line naming it and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+  """Who holds a lock: host name, process id, and since when (ISO 8601, local time)."""
+  host: str
+  pid: int
+  since: str
+
+  @classmethod
+  def this_process(cls) -> "Holder":
+    now = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    return cls(socket.gethostname(), os.getpid(), now)
+
+  def to_json(self) -> str:
+    return json.dumps(dataclasses.asdict(self)) + "\n"
+
+  @classmethod
+  def from_json(cls, text: str) -> "Holder":
+    """The holder a lock file names; ValueError if it names none."""
+    d = json.loads(text)
+    if not (isinstance(d, dict) and isinstance(d.get("host"), str)
+            and isinstance(d.get("pid"), int) and d["pid"] > 0):
+      raise ValueError(f"not a lock: {text[:200]!r}")
+    return cls(d["host"], d["pid"], str(d.get("since", "an unknown time")))
+
+  def alive(self) -> bool:
+    """Whether the process may still run: on another host it may, as far as this one knows."""
+    if self.host != socket.gethostname():
+      return True
+    try:
+      os.kill(self.pid, 0)
+    except ProcessLookupError:
+      return False
+    except PermissionError:  # Another user's process.
+      return True
+    return True
+
+
+def lock_path(workdir: str) -> str:
+  return os.path.join(workdir, LOCK_NAME)
+
+
+@dataclasses.dataclass
+class Lock:
+  """A lock this process holds; `release` removes its file if it still names this process."""
+  path: str
+  holder: Holder
+
+  def release(self) -> None:
+    try:
+      with open(self.path, encoding="utf-8") as f:
+        if Holder.from_json(f.read()) != self.holder:
+          return  # Not ours any more: someone removed it and another run took it.
+      os.unlink(self.path)
+    except (OSError, ValueError):  # Gone already, or replaced by a file that is no lock.
+      pass
+
+  def __enter__(self) -> "Lock":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.release()
+
+
+def _create(path: str, holder: Holder) -> bool:
+  """Creates the lock file naming `holder`, atomically; False if it exists."""
+  try:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+  except FileExistsError:
+    return False
+  try:
+    os.write(fd, holder.to_json().encode())
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+  return True
+
+
+def _read(path: str) -> tuple[str, Holder] | None:
+  """(text, holder) of an existing lock file; None if it is gone. Raises WorkdirInUse for a
+  file that does not read as a lock, after READ_RETRY_S."""
+  deadline = time.monotonic() + READ_RETRY_S
+  while True:
+    try:
+      with open(path, encoding="utf-8") as f:
+        text = f.read()
+    except FileNotFoundError:
+      return None
+    try:
+      return text, Holder.from_json(text)
+    except ValueError as e:
+      if time.monotonic() > deadline:
+        raise WorkdirInUse(
+            f"{path} is not a lock file this program wrote ({e}): remove it if no run uses "
+            f"{os.path.dirname(path)}.") from None
+    time.sleep(0.1)
+
+
+def _remove_if_unchanged(path: str, text: str) -> bool:
+  """Removes the lock file if it still holds `text`: moved aside first (atomically), then
+  compared, so that a lock another process has just taken in its place is put back."""
+  aside = f"{path}.stale.{socket.gethostname()}.{os.getpid()}"
+  try:
+    os.rename(path, aside)
+  except FileNotFoundError:  # Another process removed it first.
+    return False
+  with open(aside, encoding="utf-8") as f:
+    moved = f.read()
+  if moved != text:  # Not the stale lock: a live one, taken since it was read.
+    try:
+      os.link(aside, path)
+    except FileExistsError:
+      pass
+  os.unlink(aside)
+  return moved == text
+
+
+def _take_here(workdir: str) -> Lock:
+  """This process's lock on `workdir` (a local or mounted folder), created if need be."""
+  os.makedirs(workdir, exist_ok=True)
+  path, holder = lock_path(workdir), Holder.this_process()
+  taken_over = None
+  for _ in range(5):  # Each round ends in a lock, a refusal, or a lock that changed meanwhile.
+    if _create(path, holder):
+      if taken_over:
+        logging.warning("took over the lock of dead process %d on %s (%s, held since %s)",
+                        taken_over.pid, taken_over.host, path, taken_over.since)
+      return Lock(path, holder)
+    found = _read(path)
+    if found is None:
+      continue
+    text, other = found
+    if other.alive():
+      raise WorkdirInUse(
+          f"{workdir} is in use by PID {other.pid} on host {other.host} (since "
+          f"{other.since}): wait for it, stop it, or remove {path} if that process is gone.")
+    if _remove_if_unchanged(path, text):
+      taken_over = other
+  raise WorkdirInUse(f"{path} kept changing while it was read: is another run starting on "
+                     f"{workdir}? Retry once it has.")
+
+
+def _agree(refused: bool) -> bool:
+  """Process 0's `refused`, on every process of a multi-process run."""
+  import jax
+  if jax.process_count() == 1:
+    return refused
+  import numpy as np
+  from jax.experimental import multihost_utils
+  return bool(multihost_utils.broadcast_one_to_all(np.int32(refused)))
+
+
+def take(workdir: str) -> Lock | None:
+  """The workdir's lock for this run: held by process 0 (None on the others, and in a bucket,
+  where none is taken). Raises WorkdirInUse on every process when process 0 cannot take it."""
+  import jax
+  lock, error = None, None
+  if jax.process_index() == 0:
+    try:
+      if "://" in str(workdir):
+        # epath's files in a bucket open only "r", "w" and "a": no exclusive create.
+        logging.info("%s is in a bucket: no lock is taken there; keep to one run per "
+                     "workdir.", workdir)
+      else:
+        lock = _take_here(str(workdir))
+    except Exception as e:  # Reported below, once every process has heard of it.
+      error = e
+  if _agree(error is not None):
+    if error is not None:
+      raise error
+    raise WorkdirInUse(f"{workdir} is in use, or its lock cannot be taken: process 0 of the "
+                       "run says why.")
+  return lock
+
