@@ -3,6 +3,7 @@ import collections
 import gzip
 import hashlib
 import os
+import re
 
 import jax
 import ml_collections
@@ -453,6 +454,18 @@ def test_image_folder_empty_class_folder_is_an_error(tmp_path):
   os.makedirs(tmp_path / "test" / "emu")
   with pytest.raises(ValueError, match=r"class folders of the splits differ: test/emu \(empty\), "
                      r"train/emu \(empty\).*data.allow_class_mismatch=True"):
+    data.dataset_info(_folder_config(tmp_path))
+
+
+def test_an_image_folder_of_one_class_is_refused(tmp_path):
+  """A one-class "classifier" would report 100% accuracy on anything."""
+  _write_folder(tmp_path)
+  for split in ("train", "test"):
+    for f in (tmp_path / split / "dog").iterdir():
+      f.unlink()
+    (tmp_path / split / "dog").rmdir()
+  with pytest.raises(ValueError, match=re.escape(
+      f"data.name={str(tmp_path)!r} has 1 class (cat): a classifier needs two or more")):
     data.dataset_info(_folder_config(tmp_path))
 
 

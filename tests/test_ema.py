@@ -47,7 +47,12 @@ def test_a_run_with_an_average_resumes_exactly_and_reads_as_a_checkpoint(tmp_pat
   """With LoRA adapters, frozen and layer-decayed parameters too: every array of the state as
   an uninterrupted run's; read back, the adapters come merged."""
   from vit_jax.train import loop
+  base = models.create_model("ViT-Ti_16", num_classes=10, patch_size=7, hidden_size=32,
+                             mlp_dim=64, num_heads=2, num_layers=2)
+  checkpoint.save_npz(str(tmp_path / "base.npz"),
+                      base.init(jax.random.key(3), np.zeros((1, 28, 28, 3), np.float32))["params"])
   fields = {"total_steps": 6, "checkpoint_every_steps": 2, "ema_decay": 0.8,
+            "pretrained": str(tmp_path / "base.npz"),
             "optimizer.layer_decay": 0.7, "optimizer.lr_mults": (("head/.*", 5.0),),
             "optimizer.frozen": ("embedding/.*", "Transformer/encoderblock_0/.*"),
             "lora.rank": 2, "lora.alpha": 4.0, "lora.targets": ("query", "Dense_0")}

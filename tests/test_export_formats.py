@@ -169,3 +169,28 @@ def test_a_training_run_exports_from_its_workdir_and_step_dir(tmp_path, dataset,
     batch = np.stack([images.read_image(f, 28) for f in files])
     diff = np.abs(runners.open_model(str(out))(batch) - jax_logits(loaded, batch)).max()
     assert diff <= TOLERANCE[fmt], (fmt, diff)
+
+
+def test_inspect_opens_each_format_and_refuses_a_truncated_one(exported, tmp_path, capsys):
+  """vit-inspect reports an exported model only once its runtime opened it: cut to half, each
+  format is one `error:` line and status 2, not a healthy-looking report."""
+  import shutil
+  from vit_jax.tools import inspect_checkpoint
+  _, loaded, paths, _ = exported
+  assert inspect_checkpoint.main([paths["savedmodel"]]) == 0  # The one with a description here.
+  assert f"in savedmodel's runtime: {loaded.image_size} px input, 10 outputs" in (
+      capsys.readouterr().out)
+  for fmt, path in sorted(paths.items()):
+    damaged = tmp_path / os.path.basename(path)
+    if fmt == "savedmodel":
+      shutil.copytree(path, damaged)
+      files = [f for f in damaged.rglob("*") if f.is_file() and "assets.extra" not in f.parts]
+      largest = max(files, key=lambda f: f.stat().st_size)  # The weights.
+    else:
+      largest = damaged
+      shutil.copy(path, damaged)
+    largest.write_bytes(largest.read_bytes()[:largest.stat().st_size // 2])
+    assert inspect_checkpoint.main([str(damaged)]) == 2, fmt
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {damaged}: the exported {fmt} model "
+                                               "cannot be opened"), (fmt, err)

@@ -83,6 +83,7 @@ def test_nan_features_are_reported():
 
 def test_sweep_reports_in_its_own_flags(tmp_path, capsys):
   from vit_jax.tools import fewshot
+  (tmp_path / "none.npz").write_bytes(b"")  # There: the datasets are checked before reading.
   code = fewshot.main([str(tmp_path / "none.npz"), "--datasets=cifar11",
                        f"--out_dir={tmp_path / 'out'}"])
   assert code == 2
@@ -94,9 +95,10 @@ def test_sweep_reports_in_its_own_flags(tmp_path, capsys):
 def test_a_sweep_where_every_checkpoint_fails_writes_a_well_formed_report(tmp_path, digits_folder):
   from vit_jax.tools import fewshot
   out = tmp_path / "out"
-  code = fewshot.main([str(tmp_path / "missing.npz"), f"--datasets={digits_folder}",
+  (tmp_path / "broken.npz").write_bytes(b"not a checkpoint")
+  code = fewshot.main([str(tmp_path / "broken.npz"), f"--datasets={digits_folder}",
                        "--image_size=16", f"--out_dir={out}"])
   assert code == 1
   report = (out / "fewshot.md").read_text()
   assert report.startswith("No results: every checkpoint failed.\n\nFailed checkpoints:\n- ")
-  assert "missing.npz: FileNotFoundError: No checkpoint at" in report
+  assert "broken.npz: " in report

@@ -154,6 +154,19 @@ def test_a_pattern_that_matches_nothing_is_named():
     jax.eval_shape(tx.init, params)
 
 
+def test_patterns_that_freeze_everything_are_refused_and_a_partial_freeze_is_counted():
+  params = abstract_params("ViT-Ti_16", **TINY)
+  tx, _ = optimizers.make_optimizer(opt_config(frozen=("Transformer/.*", ".*")), 10, 0)
+  with pytest.raises(ConfigError, match=re.escape(
+      "config.optimizer.frozen: ('Transformer/.*', '.*') freezes every parameter, so nothing "
+      "would train")):
+    jax.eval_shape(tx.init, params)
+  trained = optimizers.trained(params, ("embedding/.*", "Transformer/.*"))
+  names = {n for n, t in zip(jax.tree.leaves(optimizers.param_names(params)),
+                             jax.tree.leaves(trained)) if t}
+  assert names == {"cls", "head/bias", "head/kernel"}
+
+
 def test_a_checkpoint_from_before_these_fields_still_resumes(tmp_path, dataset):
   """Its metadata lacks optimizer.layer_decay, lr_mults and frozen: off, they change nothing."""
   from vit_jax.train import loop

@@ -1,5 +1,6 @@
 """The training job end to end on real data: learning, resuming, sharding, processes, errors."""
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -86,9 +87,12 @@ def test_killed_run_resumes_to_the_same_losses(tmp_path, dataset, sig, flags):
   _wait_for(workdir / "checkpoints" / "8", proc)
   proc.send_signal(sig)
   _, stderr = proc.communicate(timeout=120)
-  if sig == signal.SIGTERM:
-    assert proc.returncode == 0, stderr[-3000:]
-    assert "Preempted: saved step" in stderr
+  # Saved, then a non-zero status (128 + the signal's number), so a scheduler restarts it.
+  assert proc.returncode == 128 + sig, stderr[-3000:]
+  step = int(re.search(r"Stopped: saved step (\d+)", stderr)[1])
+  assert stderr.strip().splitlines()[-1] == (
+      f"stopped by {sig.name} after saving step {step} to {workdir}; rerun the same command to "
+      "resume"), stderr[-3000:]
   full_log.close()  # The child writes to its own copy of the file.
   assert full.wait(timeout=600) == 0, (tmp_path / "full.log").read_text()[-3000:]
   expected = read_scalars(tmp_path / "full", "train_loss")

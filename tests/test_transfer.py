@@ -7,8 +7,10 @@ import os
 import pathlib
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -17,7 +19,10 @@ import pytest
 from vit_jax import checkpoint, models
 from vit_jax.data import sources, tasks
 from vit_jax.tools import cli, transfer
-from vit_jax.transfer import paper_results, protocol, report
+from vit_jax.train import stop_signals
+from vit_jax.transfer import paper_results, protocol, report, results, sweep
+
+from helpers import REPO, cpu_env, read_scalars
 
 TINY = dict(patch_size=7, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2)
 
@@ -204,3 +209,78 @@ def test_tpu_vms_each_run_their_share_then_the_report(tiny_npz, capfd):
   assert "single-host TPU VMs" in capfd.readouterr().err
   assert transfer.main([tiny_npz, *flags[1:4], "/tmp/vtab", *flags[5:], "v4-8"]) == cli.USAGE
   assert f"on this machine: {tiny_npz}" in capfd.readouterr().err
+
+
+def _task_rows(out_dir, task: str) -> list[dict[str, str]]:
+  rows = [r for p in pathlib.Path(out_dir).glob("*/*/rows.csv") for r in csv.DictReader(open(p))]
+  return [r for r in rows if r["task"] == task]
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_sweep_after_saving_and_the_rerun_completes_it(
+    tmp_path, dataset, digits_folder, tiny_npz):
+  """SIGTERM (a pre-emption) while a two-task sweep trains its first task: that task saves and
+  writes no row, the second never starts, the status is 143; the rerun resumes the first from
+  its checkpoint and runs the second, and no row says failed."""
+  _, data_dir = dataset
+  flags = [tiny_npz, "--suite", f"fashion_mnist,{digits_folder}", "--out_dir", str(tmp_path),
+           "--image_size=28", "--batch_size=16", "--steps=1000", "--lr_grid=0.1",
+           "--data_dir", data_dir]
+  proc = subprocess.Popen([sys.executable, "-m", "vit_jax.tools.transfer", *flags],
+                          env=cpu_env(), cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  training = lambda: list(tmp_path.glob("*/fashion_mnist/**/events.out.tfevents.*"))  # noqa
+  t0 = time.time()
+  while not training():
+    assert proc.poll() is None and time.time() - t0 < 300, proc.communicate()[1][-3000:]
+    time.sleep(0.1)
+  time.sleep(3)  # Compiled and some steps in.
+  proc.send_signal(signal.SIGTERM)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 143, stderr[-3000:]
+  step = int(re.search(r"Stopped: saved step (\d+)", stderr)[1])
+  assert 0 < step < 1000
+  [last] = stderr.strip().splitlines()[-1:]
+  assert re.fullmatch(rf"stopped by SIGTERM after saving step {step} to \S+; rerun the same "
+                      "command to resume", last), stderr[-3000:]
+  assert _task_rows(tmp_path, "fashion_mnist") == [] == _task_rows(tmp_path, digits_folder)
+  assert not list(tmp_path.glob(f"*/{pathlib.Path(digits_folder).name}*"))
+
+  assert transfer.main(flags) == 0
+  rows = _task_rows(tmp_path, "fashion_mnist") + _task_rows(tmp_path, digits_folder)
+  assert [(r["task"], r["phase"], r["status"]) for r in rows] == [
+      ("fashion_mnist", "test", "ok"), (digits_folder, "test", "ok")]
+  resumed = read_scalars(rows[0]["workdir"], "train_loss", newest_file_only=True)
+  assert min(resumed) > step and max(resumed) == 1000  # From the saved step, not from 0.
+
+
+def test_a_signal_between_jobs_stops_the_sweep_before_the_next(monkeypatch, tmp_path, tiny_npz):
+  """SIGTERM that arrives after one job has ended: no further job starts, and the command's
+  status says so (143) instead of 0."""
+  started, handler = [], signal.getsignal(signal.SIGTERM)
+
+  def job_then_signal(job, settings, described, out_dir):
+    started.append(job.task.name)
+    os.kill(os.getpid(), signal.SIGTERM)  # Caught: the sweep's handler only notes it.
+    row = {"checkpoint": job.checkpoint, "task": job.task.name, "phase": job.phase,
+           "lr": protocol.format_lr(job.lr), "accuracy": "0.5", "status": "ok"}
+    results.append(protocol.task_dir(out_dir, job.checkpoint, job.task), row)
+    return row
+
+  monkeypatch.setattr(sweep, "run_job", job_then_signal)
+  suite = tasks.resolve_or_custom("fashion_mnist,mnist")
+  with pytest.raises(stop_signals.Interrupted) as stopped:
+    sweep.run([tiny_npz], suite, transfer.settings_of(transfer.parse_args(
+        [tiny_npz, "--suite", "fashion_mnist", "--lr_grid=0.1", "--out_dir", str(tmp_path)])),
+        str(tmp_path), log=print)
+  assert started == ["fashion_mnist"] and stopped.value.exit_status == 143
+  assert signal.getsignal(signal.SIGTERM) == handler  # Put back as it was.
+
+
+def test_a_rerun_row_replaces_the_failed_one_of_the_same_run(tmp_path):
+  row = {"checkpoint": "c.npz", "task": "t", "phase": "test", "lr": "0.1"}
+  results.append(str(tmp_path), row | {"status": "failed: OSError: gone"})
+  results.append(str(tmp_path), row | {"lr": "0.01", "status": "ok"})
+  results.append(str(tmp_path), row | {"accuracy": "0.9", "status": "ok"})
+  assert [(r["lr"], r["status"]) for r in results.task_rows(str(tmp_path))] == [
+      ("0.01", "ok"), ("0.1", "ok")]

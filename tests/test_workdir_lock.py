@@ -128,11 +128,11 @@ def test_a_second_vit_train_on_a_workdir_in_use_exits_2_and_writes_nothing(tmp_p
     assert files(workdir) == before and (workdir / "lock").read_text() == lock
     assert (workdir / "train.log").read_text().count("] Command: ") == 1  # The first's.
     first.send_signal(signal.SIGCONT)
-    first.send_signal(signal.SIGTERM)  # It saves a checkpoint and ends as a finished run does.
-    assert first.wait(timeout=120) == 0, (tmp_path / "first.stderr").read_text()[-3000:]
+    first.send_signal(signal.SIGTERM)  # It saves a checkpoint and stops, with 128 + SIGTERM.
+    assert first.wait(timeout=120) == 143, (tmp_path / "first.stderr").read_text()[-3000:]
   finally:
     if first.poll() is None:
       first.kill()
     first_err.close()
-  assert "Preempted: saved step" in (tmp_path / "first.stderr").read_text()
+  assert "Stopped: saved step" in (tmp_path / "first.stderr").read_text()
   assert not (workdir / "lock").exists()

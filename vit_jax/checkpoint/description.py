@@ -23,7 +23,8 @@ DESCRIPTION_KEY = "__vit_jax_description__"  # The .npz entry (a 0-d unicode arr
 # 2: the preprocessing may give mean, std and interpolation. A description without them
 # (no mean and std, bilinear) is written without those keys as format 1, which vit_jax
 # versions before them read; theirs refuse format 2 saying to upgrade.
-FORMAT = 2
+# 3: `parent_sha256` (a LoRA run's base, by content); written only where set.
+FORMAT = 3
 _PREPROCESSING_SINCE_2 = {"mean": None, "std": None, "interpolation": "bilinear"}
 # The official code's and big_vision's evaluation input: bilinear resize to the resolution,
 # RGB, [0, 255] -> [-1, 1], as the input pipeline's defaults.
@@ -51,6 +52,9 @@ class Description:
   dataset: str | None = None  # What it was trained (or fine-tuned) on.
   step: int | None = None  # The training step the parameters are from.
   parent: str | None = None  # The checkpoint it was fine-tuned from (config.pretrained).
+  # arrays_sha256 of the parent's arrays, where they are needed to read this one (LoRA
+  # adapters, merged onto their base when read).
+  parent_sha256: str | None = None
   exported_from: str | None = None  # The checkpoint `vit-export` read to write it.
   config: dict[str, Any] | None = None  # The training config that wrote it.
   assumed: tuple[str, ...] = ()  # Fields filled in from documented defaults, not the file.
@@ -66,12 +70,18 @@ class Description:
     return dataclasses.replace(self, **changes)
 
   def to_dict(self) -> dict[str, Any]:
+    """Its stored form, in the oldest format that holds it (what older readers can read)."""
     d = json.loads(json.dumps(dataclasses.asdict(self), default=list))
-    pre = d["preprocessing"]
+    fmt, pre = 1, d["preprocessing"]
     if all(pre[k] == v for k, v in _PREPROCESSING_SINCE_2.items()):
       d["preprocessing"] = {k: v for k, v in pre.items() if k not in _PREPROCESSING_SINCE_2}
-      return {"format": 1, **d}
-    return {"format": FORMAT, **d}
+    else:
+      fmt = 2
+    if d["parent_sha256"] is None:
+      del d["parent_sha256"]
+    else:
+      fmt = 3
+    return {"format": fmt, **d}
 
   def to_json(self) -> str:
     return json.dumps(self.to_dict(), sort_keys=True)

@@ -99,8 +99,10 @@ def _released(flat: dict[str, np.ndarray], image_size: int | None = None,
 EMA_PREFIX = "ema:"
 
 
-def read(path: str) -> tuple[dict[str, np.ndarray], Description, str]:
-  """(flat original-layout arrays, the checkpoint's description, the file or step dir read)."""
+def read(path: str, base: str | None = None) -> tuple[dict[str, np.ndarray], Description, str]:
+  """(flat original-layout arrays, the checkpoint's description, the file or step dir read).
+  A LoRA adapters file comes merged onto its base: the checkpoint its description names, or
+  `base` where that has moved; either must hold the arrays the adapters were trained on."""
   if path.startswith(EMA_PREFIX):
     run_dir = epath.Path(path.removeprefix(EMA_PREFIX))
     if not run_dir.is_dir():
@@ -125,17 +127,31 @@ def read(path: str) -> tuple[dict[str, np.ndarray], Description, str]:
     return flat, described, str(step_dir)
   flat, described = npz.split_description(npz.read_npz(path))
   if described is not None and described.model.get("lora_rank"):
-    flat, described = _on_base(flat, described, str(path))
+    flat, described = _on_base(flat, described, str(path), base)
   return flat, described or _released(flat), str(path)
 
 
-def _on_base(adapters: dict[str, np.ndarray], described: Description, path: str
-             ) -> tuple[dict[str, np.ndarray], Description]:
+def _on_base(adapters: dict[str, np.ndarray], described: Description, path: str,
+             base_path: str | None) -> tuple[dict[str, np.ndarray], Description]:
   """A LoRA adapters file (`export_adapters`) on its base checkpoint, the run's
-  config.pretrained, fitted as the run fitted it; merged."""
+  config.pretrained (or `base_path`), fitted as the run fitted it; merged."""
   if not described.parent:
     raise npz.CheckpointError(f"{path} holds LoRA adapters but names no base checkpoint.")
-  base = {k: v for k, v in read(described.parent)[0].items() if not k.startswith("head/")}
+  base_path = base_path or described.parent
+  point = "give the base they were trained on with --base PATH (checkpoint.load(..., base=PATH))"
+  try:
+    base = read(base_path)[0]
+  except FileNotFoundError:
+    raise npz.CheckpointError(
+        f"{path}: the base checkpoint its LoRA adapters were trained on, {base_path}, is not "
+        f"there; {point}.") from None
+  found = npz.arrays_sha256(base)
+  if described.parent_sha256 and found != described.parent_sha256:
+    raise npz.CheckpointError(
+        f"{path}: its LoRA adapters were trained on {described.parent} (arrays sha256 "
+        f"{described.parent_sha256[:12]}), but {base_path} holds other arrays (sha256 "
+        f"{found[:12]}); {point}.")
+  base = {k: v for k, v in base.items() if not k.startswith("head/")}
   fields = {k: tuple(v) if isinstance(v, list) else v for k, v in described.model.items()}
   model = models.VisionTransformer(num_classes=described.num_classes, **fields)
   size = described.image_size
@@ -154,27 +170,29 @@ def export_adapters(path: str, out: str) -> Description:
   described = run.step_description(meta, int(step_dir.name))
   if not described.model.get("lora_rank"):
     raise npz.CheckpointError(f"{path} is not a LoRA run (config.lora.rank): export it whole.")
+  if not described.parent_sha256:  # A run from before its base was recorded by content.
+    described = described.replace(parent_sha256=npz.arrays_sha256(read(described.parent)[0]))
   described = described.replace(exported_from=str(step_dir))
   npz.save_npz(out, npz.unflatten(lora.adapters(flat)), described)
   return described
 
 
-def describe(path: str) -> Description:
-  """The description of any checkpoint `read` takes, or of a model `vit-export` wrote
-  (a SavedModel folder, a .tflite or an .onnx file)."""
+def describe(path: str, base: str | None = None) -> Description:
+  """The description of any checkpoint `read` takes (`base`: read's), or of a model
+  `vit-export` wrote (a SavedModel folder, a .tflite or an .onnx file)."""
   if exported.is_exported(path):
     return exported.read(path)
   run_dir = path.removeprefix(EMA_PREFIX)
   if (not augreg.is_spec(path) and not hub.is_spec(path) and not hub.is_folder(path)
       and epath.Path(run_dir).is_dir()):  # A run: no arrays to read.
     return run.read_step_description(run.latest_step_dir(run_dir))
-  return read(path)[1]
+  return read(path, base)[1]
 
 
-def export_npz(path: str, out: str) -> Description:
+def export_npz(path: str, out: str, base: str | None = None) -> Description:
   """Writes any checkpoint's params in the released layout, with its description (the
   checkpoint it was read from in `exported_from`), to `out`; returns the description."""
-  flat, described, source = read(path)
+  flat, described, source = read(path, base)
   described = described.replace(exported_from=source)
   npz.save_npz(out, npz.unflatten(flat), described)
   return described
@@ -200,16 +218,18 @@ def _model_fields(flat: dict[str, np.ndarray], described: Description, model_nam
 
 
 def load(path: str, model_name: str | None = None, *, image_size: int | None = None,
-         head: bool = True, **overrides: Any) -> Loaded:
+         head: bool = True, base: str | None = None, **overrides: Any) -> Loaded:
   """A model and its params from any checkpoint path.
 
   `model_name` is checked against the file (its description, or the .npz's shapes);
   without it the architecture is read off the file. `overrides` are VisionTransformer
   fields (e.g. a custom patch_size, dtype). `image_size` defaults to the resolution the
   checkpoint was trained at; other sizes resize the position embedding. `head=False` drops
-  the classification head, leaving the representation (pre-logits) as the output.
+  the classification head, leaving the representation (pre-logits) as the output. `base`
+  points a LoRA adapters file at its moved base checkpoint (`read`).
   """
-  return from_arrays(*read(path), model_name, image_size=image_size, head=head, **overrides)
+  return from_arrays(*read(path, base), model_name, image_size=image_size, head=head,
+                     **overrides)
 
 
 def from_arrays(flat: dict[str, np.ndarray], described: Description, source: str,

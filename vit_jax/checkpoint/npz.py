@@ -11,6 +11,7 @@ Layouts read:
     leading layer axis), top-level `pos_embedding` without the class entry.
 Everything is converted to the original layout, which is also what `save_npz` writes.
 """
+import hashlib
 import io
 import logging
 import re
@@ -114,6 +115,17 @@ def split_description(arrays: Mapping[str, np.ndarray]) -> tuple[dict[str, np.nd
   described = description_lib.from_npz_entry(arrays)
   arrays = {k: v for k, v in arrays.items() if k != description_lib.DESCRIPTION_KEY}
   return to_original_layout(arrays), described
+
+
+def arrays_sha256(flat: Mapping[str, np.ndarray]) -> str:
+  """A checkpoint's identity by content: sha256 over its arrays' names, dtypes, shapes and
+  bytes, in name order (the same for an .npz and its copy in another layout or container)."""
+  digest = hashlib.sha256()
+  for name in sorted(flat):
+    a = np.ascontiguousarray(flat[name])
+    digest.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
+    digest.update(a.data)
+  return digest.hexdigest()
 
 
 def load_npz_flat(path: str) -> dict[str, np.ndarray]:

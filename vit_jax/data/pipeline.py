@@ -67,6 +67,11 @@ def dataset_info(cfg: ml_collections.ConfigDict) -> DatasetInfo:
   """Sizes of the configured dataset (for steps <-> epochs and the head)."""
   source = _source(cfg)
   train, test = _meta(source, cfg, "train_split"), _meta(source, cfg, "eval_split")
+  if len(source.class_names) < 2:
+    raise sources.DataOptionError(
+        "{name}={value!r} has {n} class{s} ({names}): a classifier needs two or more",
+        value=cfg.name, n=len(source.class_names), s="" if len(source.class_names) == 1 else "es",
+        names=", ".join(source.class_names) or "none")
   return DatasetInfo(
       num_classes=len(source.class_names),
       num_train_examples=train.num_examples,

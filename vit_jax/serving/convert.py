@@ -32,10 +32,11 @@ def write(loaded: checkpoint.Loaded, out: str, fmt: str, **kwargs) -> str:
 
 
 def export(path: str, out: str, fmt: str, model_name: str | None = None,
-           image_size: int | None = None) -> checkpoint.Loaded:
+           image_size: int | None = None, base: str | None = None) -> checkpoint.Loaded:
   """Writes the checkpoint at `path` as `fmt` to `out` (at `image_size`, the position
-  embedding resized; `model_name` checked against the file); returns the model it loaded."""
-  loaded = checkpoint.load(path, model_name, image_size=image_size)
+  embedding resized; `model_name` checked against the file; `base` a LoRA adapters file's
+  moved base); returns the model it loaded."""
+  loaded = checkpoint.load(path, model_name, image_size=image_size, base=base)
   loaded.description = loaded.description.replace(exported_from=loaded.source)
   write(loaded, out, fmt)
   return loaded

@@ -101,6 +101,11 @@ def open_model(path: str, **load_kwargs) -> Runner:
     if load_kwargs:
       raise ValueError(f"{path} is an exported {fmt} model: its architecture and resolution "
                        f"are fixed, so {sorted(load_kwargs)} cannot be applied.")
-    return {"onnx": onnx_runner, "tflite": tflite_runner,
-            "savedmodel": savedmodel_runner}[fmt](path)
+    try:
+      return {"onnx": onnx_runner, "tflite": tflite_runner,
+              "savedmodel": savedmodel_runner}[fmt](path)
+    except Exception as e:  # Each runtime fails its own way on a damaged file.
+      first = (str(e).strip().splitlines() or [""])[0][:300]
+      raise ValueError(f"{path}: the exported {fmt} model cannot be opened, so it is truncated "
+                       f"or damaged ({type(e).__name__}: {first}); export it again") from e
   return jax_runner(checkpoint.load(path, **load_kwargs))

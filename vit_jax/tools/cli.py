@@ -1,7 +1,8 @@
 """What the command lines share: their exit status, how a user's error is reported, and where
 the library's logs go.
 
-Exit status: 0 done; 1 a failure while running (an exception with its traceback, or work a
+Exit status: 0 done; 128 + N stopped by signal N (SIGTERM 143, Ctrl-C 130) after saving what
+a rerun resumes from (vit_jax/train/stop_signals.py); 1 a failure while running (an exception with its traceback, or work a
 command reports it could not do, e.g. every checkpoint of a sweep failed); 2 a usage or input
 error: a bad flag (argparse and absl print the usage), or an input the library refuses (a path
 that holds no checkpoint, a dataset that cannot be read, a checkpoint that contradicts a
@@ -18,12 +19,15 @@ import logging
 import logging.handlers
 import os
 import re
+import signal
 import sys
 import tempfile
 from typing import Callable, Iterator, NoReturn, Sequence, TextIO
 
 import tqdm
 from absl import logging as absl_logging
+
+from vit_jax.train import stop_signals
 
 # Read by TensorFlow and XLA once, when they load: set here, on import, because the commands
 # import this module before the library, which imports TensorFlow.
@@ -57,9 +61,19 @@ def fail(message: object) -> NoReturn:
   sys.exit(input_error(message))
 
 
+def stopped(e: BaseException) -> int:
+  """Reports a run stopped by a signal (stop_signals.Interrupted, or Ctrl-C outside the steps)
+  as one line on stderr; returns its status, 128 + the signal's number."""
+  if not isinstance(e, stop_signals.Interrupted):
+    e = stop_signals.Interrupted(signal.SIGINT, resumable=False)
+  print(e, file=sys.stderr, flush=True)
+  return e.exit_status
+
+
 def command(main: Callable[[list[str]], int]) -> Main:
   """A command's `main(argv) -> status`, called with sys.argv's arguments when argv is None;
-  an input error becomes one line on stderr and status 2."""
+  an input error becomes one line on stderr and status 2, a stop by a signal one line and
+  128 + its number."""
 
   @functools.wraps(main)
   def wrapped(argv: Sequence[str] | None = None) -> int:
@@ -67,8 +81,30 @@ def command(main: Callable[[list[str]], int]) -> Main:
       return main(list(sys.argv[1:] if argv is None else argv))
     except INPUT_ERRORS as e:
       return input_error(e)
+    except (stop_signals.Interrupted, KeyboardInterrupt) as e:
+      return stopped(e)
 
   return wrapped
+
+
+# Checkpoint paths that name no local file (read where they are, by the library).
+_REMOTE = ("hf-hub:", "augreg:")
+
+
+def check_checkpoints(paths: Sequence[str]) -> None:
+  """Refuses a local checkpoint path that does not exist before the library loads (seconds of
+  imports); hf-hub:, augreg: and URLs (gs://) are checked where they are read."""
+  for path in paths:
+    local = path.removeprefix("ema:")
+    if path and not path.startswith(_REMOTE) and "://" not in local and not os.path.exists(
+        local):
+      raise FileNotFoundError(f"No checkpoint at {path}.")
+
+
+def add_base_flag(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--base", default=None, metavar="PATH",
+                 help="a LoRA adapters file's base checkpoint, where it is no longer at the "
+                      "path the file records (it must hold the same arrays)")
 
 
 def add_verbose_flag(p: argparse.ArgumentParser) -> None:

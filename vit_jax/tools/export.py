@@ -40,6 +40,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--format", choices=FORMATS, default="npz")
   parser.add_argument("--model", default=None, help="registry name (checked against the file)")
   parser.add_argument("--image_size", type=int, default=None)
+  cli.add_base_flag(parser)
   cli.add_verbose_flag(parser)
   args = parser.parse_args(argv)
   if args.format in ("npz", "adapters") and (args.model or args.image_size):
@@ -51,15 +52,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 @cli.command
 def main(argv: list[str]) -> int:
   args = parse_args(argv)
+  cli.check_checkpoints([args.checkpoint, args.base or ""])
   cli.route_logs(verbose=args.verbose)
   if args.format == "npz":
-    described = checkpoint.export_npz(args.checkpoint, args.out)
+    described = checkpoint.export_npz(args.checkpoint, args.out, args.base)
   elif args.format == "adapters":
     described = checkpoint.export_adapters(args.checkpoint, args.out)
   else:
     with cli.native_logs():  # The converters' C++ lines.
       described = convert.export(args.checkpoint, args.out, args.format, args.model,
-                                 args.image_size).description
+                                 args.image_size, base=args.base).description
   print(f"Wrote {args.out} ({args.format}): {described.summary()}")
   return 0
 

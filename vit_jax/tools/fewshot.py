@@ -71,11 +71,12 @@ def _plot(rows: list[dict], datasets: list[str], path: str) -> None:
 
 
 def _probe(path: str, model_name: str | None, image_size: int | None, datasets: Callable,
-           shots: Sequence[int], seeds: int, l2_regs: Sequence[float]) -> list[dict]:
+           shots: Sequence[int], seeds: int, l2_regs: Sequence[float],
+           base: str | None = None) -> list[dict]:
   """One checkpoint's rows, on the datasets preprocessed as its description says (at
   `image_size`, else at its own resolution)."""
   ckpt = checkpoint.load(path, model_name and models.resolve_name(model_name),
-                         image_size=image_size, head=False)
+                         image_size=image_size, head=False, base=base)
   evaluator = fewshot_lsr.FewShotEvaluator(
       fewshot_lsr.representation_fn(ckpt.model),
       datasets(ckpt.image_size, ckpt.description.preprocessing), shots, seeds, l2_regs)
@@ -91,7 +92,8 @@ def _probe(path: str, model_name: str | None, image_size: int | None, datasets: 
 def sweep(checkpoints: Sequence[str], model_name: str | None, datasets: Sequence[str],
           data_dir: str | None, train_split: str, test_split: str, image_size: int | None,
           batch_size: int, shots: Sequence[int], seeds: int, l2_regs: Sequence[float],
-          out_dir: str, download: bool = False) -> tuple[list[dict], dict[str, str]]:
+          out_dir: str, download: bool = False, base: str | None = None
+          ) -> tuple[list[dict], dict[str, str]]:
   """Probes every checkpoint on every dataset; a checkpoint that fails is reported, not fatal.
 
   `image_size` None probes each checkpoint at its own resolution."""
@@ -109,7 +111,7 @@ def sweep(checkpoints: Sequence[str], model_name: str | None, datasets: Sequence
   for i, path in enumerate(checkpoints):
     print(f"[{i + 1}/{len(checkpoints)}] {path}", flush=True)
     try:
-      rows += _probe(path, model_name, image_size, batches, shots, seeds, l2_regs)
+      rows += _probe(path, model_name, image_size, batches, shots, seeds, l2_regs, base)
     except Exception as e:  # Report and go on with the next checkpoint.
       failures[path] = f"{type(e).__name__}: {e}"
       print(f"  FAILED: {failures[path]}", file=sys.stderr, flush=True)
@@ -148,6 +150,7 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--l2", type=lambda s: [float(v) for v in s.split(",")],
                  default=list(fewshot_lsr.DEFAULT_L2))
   p.add_argument("--out_dir", default="fewshot_results")
+  cli.add_base_flag(p)
   cli.add_verbose_flag(p)
   return p
 
@@ -155,16 +158,16 @@ def parser() -> argparse.ArgumentParser:
 @cli.command
 def main(argv: list[str]) -> int:
   args = parser().parse_args(argv)
-  cli.route_logs(verbose=args.verbose)
-  cli.start_tensorflow()
   paths = []
   for pattern in args.checkpoints:
-    found = sorted(glob.glob(pattern))
-    paths += found or [pattern]  # A missing path is reported as a failed checkpoint.
+    paths += sorted(glob.glob(pattern)) or [pattern]
+  cli.check_checkpoints([*paths, args.base or ""])  # Before the library's imports: seconds.
+  cli.route_logs(verbose=args.verbose)
+  cli.start_tensorflow()
   try:
     _, failures = sweep(paths, args.model, args.datasets.split(","), args.data_dir,
                         args.train_split, args.test_split, args.image_size, args.batch_size,
-                        args.shots, args.seeds, args.l2, args.out_dir, args.download)
+                        args.shots, args.seeds, args.l2, args.out_dir, args.download, args.base)
   except data.DataOptionError as e:  # A dataset that cannot be read: nothing to probe on.
     return cli.input_error(e.worded(_DATA_OPTIONS))
   print(f"Wrote {args.out_dir}/fewshot.{{csv,md,png}}", flush=True)

@@ -94,10 +94,11 @@ def _head(flat: dict[str, np.ndarray]) -> str:
   return "zeros" if not np.any(flat.get("head/bias", 0)) else "zero kernel"
 
 
-def describe(path: str, model_name: str | None = None,
-             dataset: str = "cifar10") -> tuple[dict[str, Any], checkpoint.Loaded]:
-  """The report on `path` (a JSON-ready dict) and the loaded checkpoint."""
-  flat, described, source = checkpoint.read(path)
+def describe(path: str, model_name: str | None = None, dataset: str = "cifar10",
+             base: str | None = None) -> tuple[dict[str, Any], checkpoint.Loaded]:
+  """The report on `path` (a JSON-ready dict) and the loaded checkpoint (`base`: a LoRA
+  adapters file's moved base)."""
+  flat, described, source = checkpoint.read(path, base)
   if model_name:
     model_name = registry.resolve_name(model_name)
   ckpt = checkpoint.from_arrays(flat, described, source, model_name)
@@ -182,10 +183,13 @@ def _description_lines(d: dict[str, Any]) -> list[tuple[str, str]]:
   return rows
 
 
-def format_description(path: str, d: dict[str, Any]) -> str:
-  """The report on an exported model: its description (it holds no arrays to inspect)."""
+def format_description(path: str, d: dict[str, Any], opened: dict[str, Any]) -> str:
+  """The report on an exported model: its description (it holds no arrays to inspect) and
+  what its runtime found when it opened it."""
   rows = [("checkpoint", path), ("model", d["model_name"] or "custom ViT"),
-          ("classes", str(d["num_classes"]))] + _description_lines(d)
+          ("classes", str(d["num_classes"])),
+          ("opens", f"in {opened['format']}'s runtime: {opened['image_size']} px input, "
+                    f"{opened['num_classes']} outputs")] + _description_lines(d)
   return "\n".join(f"{name:<15}{line}" if i == 0 else f"{'':<15}{line}"
                    for name, value in rows for i, line in enumerate(value.splitlines()))
 
@@ -248,6 +252,7 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--num_images", type=int, default=128,
                  help="images the attention distance averages over (default: %(default)s)")
   p.add_argument("--batch_size", type=int, default=32, help="images per forward pass")
+  cli.add_base_flag(p)
   cli.add_verbose_flag(p)
   return p
 
@@ -255,13 +260,20 @@ def parser() -> argparse.ArgumentParser:
 @cli.command
 def main(argv: list[str]) -> int:
   args = parser().parse_args(argv)
+  cli.check_checkpoints([args.checkpoint, args.base or ""])
   cli.route_logs(verbose=args.verbose)
   if exported.is_exported(args.checkpoint):
+    with cli.native_logs():
+      from vit_jax.serving import runners
+      runner = runners.open_model(args.checkpoint)  # Reported only if its runtime opens it.
     described = checkpoint.describe(args.checkpoint).to_dict()
-    print(json.dumps({"checkpoint": args.checkpoint, "description": described}, indent=1)
-          if args.json else format_description(args.checkpoint, described))
+    opened = {"format": runner.format, "image_size": runner.image_size,
+              "num_classes": runner.num_classes}
+    print(json.dumps({"checkpoint": args.checkpoint, "description": described,
+                      "opened": opened}, indent=1)
+          if args.json else format_description(args.checkpoint, described, opened))
     return 0
-  report, ckpt = describe(args.checkpoint, args.model, args.dataset)
+  report, ckpt = describe(args.checkpoint, args.model, args.dataset, args.base)
   if args.figures:
     report.update(_figures(ckpt, args))
   if args.json:

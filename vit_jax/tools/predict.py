@@ -51,6 +51,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                       help="registry name of a checkpoint's model (checked against it)")
   parser.add_argument("--image_size", type=int, default=None,
                       help="a checkpoint's input resolution (resizes its position embedding)")
+  cli.add_base_flag(parser)
   cli.add_verbose_flag(parser)
   args = parser.parse_args(argv)
   if args.top_k < 1 or args.batch_size < 1:
@@ -116,6 +117,7 @@ def _names_and_output(runner: runners.Runner, args: argparse.Namespace) -> tuple
 @cli.command
 def main(argv: list[str]) -> int:
   args = parse_args(argv)
+  cli.check_checkpoints([args.checkpoint, args.base or ""])
   cli.route_logs(verbose=args.verbose)
   paths, unmatched = image_files.find_images(args.images)
   for spec in unmatched:
@@ -123,7 +125,7 @@ def main(argv: list[str]) -> int:
   if not paths:
     return cli.input_error("No image files to classify.")
   load_kwargs = {k: v for k, v in (("model_name", args.model_name),
-                                   ("image_size", args.image_size)) if v}
+                                   ("image_size", args.image_size), ("base", args.base)) if v}
   runner = runners.open_model(args.checkpoint, **load_kwargs)
   names, sigmoid = _names_and_output(runner, args)
   k = min(args.top_k, runner.num_classes)

@@ -38,6 +38,7 @@ from ml_collections import config_flags
 from vit_jax import configs, cpu_backend
 from vit_jax.config_errors import ConfigError, check_known
 from vit_jax.tools import cli
+from vit_jax.train import stop_signals
 
 if TYPE_CHECKING:  # The library is imported once the flags are parsed.
   from vit_jax.checkpoint import workdir_lock
@@ -94,9 +95,12 @@ def _config_file(argv: list[str]):
 
 
 def _bad_override(argv: list[str]) -> str | None:
-  """Names the first `--config.a.b=...` whose field the config does not have."""
+  """Names the first `--config.a.b=...` whose field the config does not have, or what the
+  config's get_config said of its ARG."""
   try:
     config = _config_file(argv)
+  except ConfigError as e:  # The config file's own refusal (of `NAME:ARG`): its one line.
+    return str(e)
   except Exception:  # Reported by absl's own message instead.
     return None
   for arg in (a for a in argv if a.startswith("--config.")):
@@ -205,6 +209,8 @@ class Console:
     self.say(f"Training {run.model_name} ({run.parameters:,} parameters) on {run.dataset} "
              f"({run.num_classes} classes, {run.image_size} px): {run.total_steps:,} steps of "
              f"{run.batch_size} images{epochs}, {run.devices} devices ({run.platform}).")
+    if run.trained_parameters < run.parameters:
+      self.say(run.trained_line.capitalize() + ".")
     self.say(f"Workdir: {run.workdir} (checkpoints, TensorBoard events); library logs: "
              f"{self.log_file}")
     if run.start_step >= run.total_steps:
@@ -327,17 +333,23 @@ def main(argv) -> None:
   del argv
   verbose = FLAGS.verbose or FLAGS.alsologtostderr or FLAGS.logtostderr
   cli.route_logs(verbose=verbose, hold=True)  # Until this process knows its index.
+  try:
+    cli.check_checkpoints([FLAGS.config.get("pretrained") or ""])
+  except FileNotFoundError as e:
+    cli.fail(f"config.pretrained: {e}")
   jax = _start_jax()
   lock = _own_workdir()
   try:
     _train(jax, verbose)
+  except (stop_signals.Interrupted, KeyboardInterrupt) as e:
+    sys.exit(cli.stopped(e))  # After saving: the scheduler's restart resumes the run.
   finally:
     if lock:
       lock.release()  # Not after a stall (the watchdog's os._exit): the next run takes it over.
 
 
 def _train(jax, verbose: bool) -> None:
-  from vit_jax import checkpoint
+  from vit_jax import checkpoint, data
   from vit_jax.train import loop
 
   process = jax.process_index()
@@ -354,7 +366,8 @@ def _train(jax, verbose: bool) -> None:
   try:
     with quiet:
       metrics = loop.train_and_evaluate(FLAGS.config, FLAGS.workdir, console or loop.Report())
-  except (ConfigError, checkpoint.CheckpointError, checkpoint.DescriptionMismatch) as e:
+  except (ConfigError, checkpoint.CheckpointError, checkpoint.DescriptionMismatch,
+          data.DataOptionError, FileNotFoundError) as e:  # What the user gave: one line.
     if console:
       console.close()  # The bar's line ends before the error's.
     cli.fail(str(e))

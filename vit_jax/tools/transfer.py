@@ -155,6 +155,7 @@ def launch(args: argparse.Namespace, task_names: list[str]) -> int:
 @cli.command
 def main(argv: list[str]) -> int:
   args = parse_args(argv)
+  cli.check_checkpoints(args.checkpoints)  # Before the library's imports: seconds.
   cli.route_logs(verbose=args.verbose)
   cpu_backend.prepare(args.cpu_devices)  # Before JAX starts.
   cli.start_tensorflow()

@@ -113,7 +113,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
       tasks.eval_spec(spec)
     except ValueError as e:
       check(False, "evals", c.evals, str(e))
-  _validate_lora(c.lora)
+  _validate_lora(c.lora, c.pretrained)
   _validate_optimizer(c.optimizer)
   check(c.batch_size > 0, "batch_size", c.batch_size, "must be > 0")
   check(c.accum_steps >= 1 and c.batch_size % c.accum_steps == 0, "accum_steps", c.accum_steps,
@@ -139,11 +139,14 @@ def validate(c: ml_collections.ConfigDict) -> None:
   data_config.validate(c.data)
 
 
-def _validate_lora(lo: ml_collections.ConfigDict) -> None:
+def _validate_lora(lo: ml_collections.ConfigDict, pretrained: str | None) -> None:
   check(lo.rank >= 0, "lora.rank", lo.rank, "must be >= 0 (0: off)")
   check(lo.alpha is None or lo.alpha > 0, "lora.alpha", lo.alpha, "must be > 0 (None: the rank)")
   check(bool(lo.targets) and all(t in lora.TARGETS for t in lo.targets), "lora.targets",
         lo.targets, f"expected one or more of {lora.TARGETS}")
+  check(not lo.rank or pretrained, "lora.rank", lo.rank,
+        "adapts a pretrained model: set config.pretrained (on a random base the adapters would "
+        "train beside weights that never change)")
 
 
 def _validate_optimizer(o: ml_collections.ConfigDict) -> None:

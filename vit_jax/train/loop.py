@@ -5,7 +5,6 @@ import itertools
 import json
 import logging
 import shlex
-import signal
 import sys
 import threading
 import time
@@ -18,7 +17,6 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from clu import metric_writers, periodic_actions
-from jax.experimental import multihost_utils
 
 from vit_jax import checkpoint, cpu_backend, data, models
 from vit_jax.checkpoint import description as description_lib, run
@@ -28,29 +26,11 @@ from vit_jax.evaluators import fewshot_lsr
 from vit_jax.evaluators.classification import ClassificationEvaluator
 from vit_jax.models import lora
 from vit_jax.train import config as config_lib
-from vit_jax.train import optimizers, sharding, trainer, watchdog
+from vit_jax.train import optimizers, sharding, stop_signals, trainer, watchdog
 
 
 class NonFiniteLossError(RuntimeError):
   pass
-
-
-class _Preemption:
-  """Notices SIGTERM; with several processes all of them agree on the step to stop at."""
-
-  def __init__(self):
-    self.received = False
-    if jax.process_count() == 1:
-      signal.signal(signal.SIGTERM, self._handle)
-
-  def _handle(self, signum, frame):
-    logging.warning("SIGTERM received: saving a checkpoint and stopping.")
-    self.received = True
-
-  def reached(self, step: int) -> bool:
-    if jax.process_count() > 1:
-      return multihost_utils.reached_preemption_sync_point(step)
-    return self.received
 
 
 def _model_overrides(c: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -141,6 +121,11 @@ def inherit_model_fields(c: ml_collections.ConfigDict, parent: checkpoint.Descri
       c.model[field] = recorded
 
 
+def _abstract_params(model: models.VisionTransformer, image_size: int) -> Any:
+  images = jax.ShapeDtypeStruct((1, image_size, image_size, 3), jnp.float32)
+  return jax.eval_shape(model.init, jax.random.key(0), images)["params"]
+
+
 @dataclasses.dataclass
 class _Job:
   """What the config and the dataset fix before the first step."""
@@ -154,6 +139,8 @@ class _Job:
   total_steps: int  # Optimizer updates.
   warmup_steps: int
   class_names: tuple[str, ...]
+  # LoRA runs: their adapters need this base, so its content is recorded (description).
+  parent_sha256: str | None = None
 
   @property
   def loop_steps(self) -> int:
@@ -173,7 +160,7 @@ class _Job:
         image_size=c.data.image_size, class_names=self.class_names,
         preprocessing=checkpoint.Preprocessing.from_data_config(c.data),
         output=description_lib.output_of_loss(c.loss), dataset=c.data.name,
-        parent=c.pretrained, config=_jsonable(c.to_dict()))
+        parent=c.pretrained, parent_sha256=self.parent_sha256, config=_jsonable(c.to_dict()))
 
   @classmethod
   def from_config(cls, c: ml_collections.ConfigDict, workdir: str) -> "_Job":
@@ -184,12 +171,19 @@ class _Job:
       inherit_model_fields(c, parent)
     info = data.dataset_info(c.data)
     total_steps, warmup_steps = config_lib.resolve_steps(c, info.num_train_examples)
+    trained_only = lora.TRAINED if c.lora.rank else ()
     tx, schedule = optimizers.make_optimizer(c.optimizer, total_steps, warmup_steps,
-                                             c.accum_steps, lora.TRAINED if c.lora.rank else ())
-    return cls(c, workdir, build_model(c, info.num_classes), tx, schedule,
+                                             c.accum_steps, trained_only)
+    model = build_model(c, info.num_classes)
+    parent_sha256 = (checkpoint.arrays_sha256(checkpoint.read(c.pretrained)[0])
+                     if c.lora.rank else None)
+    if c.optimizer.frozen:  # Refused now (patterns that freeze all), before anything is written.
+      optimizers.trained(_abstract_params(model, c.data.image_size), c.optimizer.frozen,
+                         trained_only)
+    return cls(c, workdir, model, tx, schedule,
                sharding.make_mesh(c.mesh.data, c.mesh.fsdp),
                config_lib.micro_batch_size(c, jax.device_count()), total_steps, warmup_steps,
-               tuple(info.class_names))
+               tuple(info.class_names), parent_sha256)
 
   @property
   def batch_sharding(self) -> jax.sharding.NamedSharding:
@@ -270,6 +264,7 @@ class RunInfo:
   checkpoints: str  # The folder of its step folders.
   model_name: str
   parameters: int
+  trained_parameters: int  # Fewer than `parameters` where some are frozen (or LoRA's base).
   dataset: str
   data_dir: str | None
   num_classes: int
@@ -283,13 +278,25 @@ class RunInfo:
   platform: str
   processes: int
 
+  @property
+  def trained_line(self) -> str:
+    return (f"trainable parameters: {self.trained_parameters:,} of {self.parameters:,} "
+            f"({100 * self.trained_parameters / self.parameters:.1f}%)")
+
+
+def _count(params: Any) -> int:
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+
 
 def _run_info(job: _Job, state: trainer.TrainState, start: int) -> RunInfo:
   c = job.config
   return RunInfo(
       workdir=job.workdir, checkpoints=str(run.checkpoint_dir(job.workdir)),
       model_name=c.model_name or "ViT",
-      parameters=sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params)),
+      parameters=_count(state.params),
+      trained_parameters=_count(jax.tree.map(
+          lambda p, t: p if t else None, state.params, optimizers.trained(
+              state.params, c.optimizer.frozen, lora.TRAINED if c.lora.rank else ()))),
       dataset=c.data.name, data_dir=c.data.data_dir, num_classes=job.model.num_classes,
       image_size=c.data.image_size, batch_size=job.micro_batch, total_steps=job.loop_steps,
       start_step=start, epochs=c.get("total_epochs"), pretrained=c.pretrained,
@@ -387,12 +394,11 @@ def _evaluate(evaluators: dict[str, Any], state: trainer.TrainState, step: int,
 def _run_steps(job: _Job, state: trainer.TrainState, start: int, train_step: Callable,
                batches: Any, evaluators: dict[str, Any], manager: ocp.CheckpointManager,
                writer: metric_writers.MetricWriter, dog: watchdog.StallWatchdog,
-               report: Report) -> dict[str, float]:
+               report: Report, stop: stop_signals.StopSignals) -> dict[str, float]:
   c, meta, description = job.config, job.meta, job.description
   progress = periodic_actions.ReportProgress(num_train_steps=job.loop_steps, writer=writer,
                                              every_steps=c.log_every_steps)
   log = _TrainMetrics(job, writer, manager.latest_step, report)
-  preemption = _Preemption()
   eval_metrics = {}
   for step in range(start + 1, job.loop_steps + 1):
     dog.beat(step)
@@ -405,15 +411,16 @@ def _run_steps(job: _Job, state: trainer.TrainState, start: int, train_step: Cal
     if step == job.loop_steps or (c.eval_every_steps and step % c.eval_every_steps == 0):
       eval_metrics = _evaluate(evaluators, state, step, writer, progress, report)
       log.restart_clock()
-    preempted = preemption.reached(step)
-    if step % c.checkpoint_every_steps == 0 or step == job.loop_steps or preempted:
+    stopping = stop.reached(step)
+    if step % c.checkpoint_every_steps == 0 or step == job.loop_steps or stopping:
       log.check_finite()
       run.save(manager, step, state, meta, description)
       dog.beat()
-    if preempted:
-      logging.warning("Preempted: saved step %d to %s; rerun the same command to resume.",
+    if stopping and step < job.loop_steps:
+      manager.wait_until_finished()
+      logging.warning("Stopped: saved step %d to %s; rerun the same command to resume.",
                       step, job.workdir)
-      break
+      raise stop_signals.Interrupted(stop.received, step, job.workdir)
   return eval_metrics
 
 
@@ -450,9 +457,16 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir: str,
   """Trains (resuming from `workdir` if it holds a checkpoint) and returns final eval metrics;
   `report` is told how the run goes.
 
-  A run whose steps stop ending (config.stall_timeout_s) exits the process with status 1.
+  A run whose steps stop ending (config.stall_timeout_s) exits the process with status 1; one
+  that SIGTERM or SIGINT stops before its last step saves, then raises
+  stop_signals.Interrupted.
   """
-  report = report or Report()
+  with stop_signals.StopSignals() as stop:
+    return _train_and_evaluate(c, workdir, report or Report(), stop)
+
+
+def _train_and_evaluate(c: ml_collections.ConfigDict, workdir: str, report: Report,
+                        stop: stop_signals.StopSignals) -> dict[str, float]:
   if jax.default_backend() == "cpu":
     cpu_backend.check_pool(jax.local_device_count())
   job = _Job.from_config(c, workdir)
@@ -463,7 +477,10 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir: str,
     manager, state, shardings, start = _restore_or_init(job, init_rng)
     if start == 0:
       writer.write_hparams({k: str(v) for k, v in c.to_dict().items()})
-    report.started(_run_info(job, state, start))
+    info = _run_info(job, state, start)
+    if info.trained_parameters < info.parameters:
+      logging.info(info.trained_line)
+    report.started(info)
     dog = watchdog.StallWatchdog(c.stall_timeout_s,
                                  functools.partial(_stall_message, job, manager))
     evaluators = _build_evaluators(job, dog)
@@ -476,7 +493,7 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir: str,
     train_step, batches = _compiled_step(job, state, shardings, dropout_rng, start)
     with dog:
       return _run_steps(job, state, start, train_step, batches, evaluators, manager, writer, dog,
-                        report)
+                        report, stop)
   finally:
     if manager is not None:
       manager.close()  # Waits for the last save, then stops orbax's writer and deleter threads.

@@ -146,13 +146,25 @@ def _scale_by_name(cfg: ml_collections.ConfigDict) -> optax.GradientTransformati
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
+def trained(params: Any, frozen: Sequence[str], trained_only: Sequence[str] = ()) -> Any:
+  """A tree of bools beside `params`: whether each parameter trains (no `frozen` pattern
+  matches it and, where `trained_only` is given, one of those does). A pattern that matches
+  no parameter, or patterns that leave nothing to train, raise ConfigError."""
+  names = param_names(params)
+  _check_patterns("frozen", frozen, jax.tree.leaves(names))
+  mask = jax.tree.map(lambda n: first_match(frozen, n) is None and (
+      not trained_only or first_match(trained_only, n) is not None), names)
+  if not any(jax.tree.leaves(mask)):
+    raise ConfigError(f"config.optimizer.frozen: {tuple(frozen)!r} freezes every parameter, "
+                      "so nothing would train; freeze fewer, e.g. ('embedding/.*', "
+                      "'Transformer/encoderblock_[0-5]/.*')")
+  return mask
+
+
 def _labels(frozen: Sequence[str], trained_only: Sequence[str]) -> Callable[[Any], Any]:
   def labels(params):
-    names = param_names(params)
-    _check_patterns("frozen", frozen, jax.tree.leaves(names))
-    is_frozen = lambda n: (first_match(frozen, n) is not None or
-                           bool(trained_only) and first_match(trained_only, n) is None)
-    return jax.tree.map(lambda n: "frozen" if is_frozen(n) else "trained", names)
+    return jax.tree.map(lambda t: "trained" if t else "frozen",
+                        trained(params, frozen, trained_only))
 
   return labels
 

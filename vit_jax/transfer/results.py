@@ -37,10 +37,16 @@ def task_rows(task_dir: str) -> list[Row]:
   return _read(epath.Path(task_dir) / ROWS)
 
 
+def _key(row: dict[str, object]) -> tuple[object, ...]:
+  return tuple(row[k] for k in ("checkpoint", "task", "phase", "lr"))
+
+
 def append(task_dir: str, row: dict[str, object]) -> None:
-  """Adds a row to the task's file (rewritten whole: gs:// cannot append)."""
+  """Adds a row to the task's file, in place of an earlier one for the same run (a rerun of a
+  failed one): one row per (checkpoint, task, phase, rate). Rewritten whole: gs:// cannot
+  append."""
   path = epath.Path(task_dir) / ROWS
-  _write(path, [*_read(path), row])
+  _write(path, [*(r for r in _read(path) if _key(r) != _key(row)), row])
 
 
 def read(out_dir: str) -> list[Row]:

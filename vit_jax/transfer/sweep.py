@@ -1,16 +1,20 @@
 """Runs the protocol's jobs over checkpoints and tasks, one after another in this process,
 recording each result in its task's rows file as it ends (results.py) and the merged report
 after each task: a rerun skips what is done (a run killed midway resumes from its own
-checkpoints), and a task that fails is named while the sweep goes on with the next."""
+checkpoints), and a task that fails is named while the sweep goes on with the next. SIGTERM or
+Ctrl-C stops the sweep: the job running saves and writes no row, and no other job starts
+(stop_signals.Interrupted reaches the command)."""
 import time
 import traceback
 from collections.abc import Callable, Sequence
 
 from absl import logging
+import ml_collections
 
 from vit_jax import checkpoint
+from vit_jax.checkpoint import workdir_lock
 from vit_jax.data import tasks
-from vit_jax.train import loop
+from vit_jax.train import loop, stop_signals
 from vit_jax.transfer import protocol, report, results
 from vit_jax.transfer.results import OK
 
@@ -26,8 +30,19 @@ def _one_line(e: BaseException) -> str:
 
 def run_job(job: protocol.Job, settings: protocol.Settings,
             described: checkpoint.Description, out_dir: str) -> dict[str, object]:
-  """Fine-tunes and evaluates one job; its row, appended to the task's rows."""
+  """Fine-tunes and evaluates one job; its row, appended to the task's rows. Its workdir is
+  locked while it runs: a second sweep on the same out_dir stops there (WorkdirInUse)."""
   c = protocol.config(job, settings, described)
+  lock = workdir_lock.take(job.workdir)
+  try:
+    return _run_locked(job, c, described, out_dir)
+  finally:
+    if lock:
+      lock.release()
+
+
+def _run_locked(job: protocol.Job, c: ml_collections.ConfigDict,
+                described: checkpoint.Description, out_dir: str) -> dict[str, object]:
   t0 = time.time()
   row = {"checkpoint": job.checkpoint, "model": described.model_name or "",
          "task": job.task.name, "suite": job.task.suite,
@@ -52,13 +67,20 @@ def _selected(rows: list[results.Row], ckpt: str, task: tasks.Task) -> dict[floa
           (ckpt, task.name, protocol.SELECT)}
 
 
+def _check(stop: stop_signals.StopSignals) -> None:
+  if stop.received is not None:  # Between jobs: nothing to save.
+    raise stop_signals.Interrupted(stop.received)
+
+
 def run_task(ckpt: str, task: tasks.Task, settings: protocol.Settings, out_dir: str,
-             described: checkpoint.Description, log: Callable[[str], None]) -> str | None:
+             described: checkpoint.Description, log: Callable[[str], None],
+             stop: stop_signals.StopSignals) -> str | None:
   """The task's selection runs, then its final run, each unless done; None, or why it failed."""
   task_dir = protocol.task_dir(out_dir, ckpt, task)
   for job in protocol.jobs(ckpt, task, settings, out_dir)[:-1]:
     if job.key in _done(task_dir):
       continue
+    _check(stop)
     row = run_job(job, settings, described, out_dir)
     log(f"{task.name} lr={row['lr']} on {job.phase}: {row['accuracy'] or row['status']}")
     if row["status"] != OK:
@@ -68,6 +90,7 @@ def run_task(ckpt: str, task: tasks.Task, settings: protocol.Settings, out_dir: 
   final = protocol.jobs(ckpt, task, settings, out_dir, chosen)[-1]
   if final.key in _done(task_dir):
     return None
+  _check(stop)
   row = run_job(final, settings, described, out_dir)
   log(f"{task.name} lr={row['lr']} on {final.phase}: {row['accuracy'] or row['status']}")
   return None if row["status"] == OK else str(row["status"])
@@ -78,6 +101,13 @@ def run(checkpoints: Sequence[str], task_list: Sequence[tasks.Task],
         log: Callable[[str], None] = print) -> dict[tuple[str, str], str]:
   """Every (checkpoint, task), the report rewritten after each; returns the failures,
   (checkpoint, task name) -> why."""
+  with stop_signals.StopSignals() as stop:
+    return _run(checkpoints, task_list, settings, out_dir, log, stop)
+
+
+def _run(checkpoints: Sequence[str], task_list: Sequence[tasks.Task],
+         settings: protocol.Settings, out_dir: str, log: Callable[[str], None],
+         stop: stop_signals.StopSignals) -> dict[tuple[str, str], str]:
   failures = {}
   for ckpt in checkpoints:
     try:
@@ -86,7 +116,7 @@ def run(checkpoints: Sequence[str], task_list: Sequence[tasks.Task],
       failures |= {(ckpt, t.name): f"failed: {_one_line(e)}" for t in task_list}
       continue
     for task in task_list:
-      if (why := run_task(ckpt, task, settings, out_dir, described, log)) is not None:
+      if (why := run_task(ckpt, task, settings, out_dir, described, log, stop)) is not None:
         failures[ckpt, task.name] = why
       report.write(out_dir, failures)
   report.write(out_dir, failures)
