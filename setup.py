@@ -49,6 +49,8 @@ EXTRAS = {
     "export": EXPORT,
     "test": [
         "pytest",
+        # The suite runs on two workers (pytest.ini): CI's two cores, mostly waiting on processes.
+        "pytest-xdist",
         "scikit-learn",
         # The notebooks are executed in the tests.
         "nbclient",

@@ -1,13 +1,41 @@
-"""Test set-up: 8 simulated CPU devices, set before jax is first imported; shared fixtures."""
+"""Test set-up: 8 simulated CPU devices, set before jax is first imported; caches that the
+session's processes share; shared fixtures."""
 import os
+import sys
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# The suite starts ~100 Python processes (xdist workers, vit-train and the other commands).
+# Where PYTHONDONTWRITEBYTECODE is set and the venv holds no bytecode (uv installs none), each
+# would compile TensorFlow's, Keras' and JAX's sources again: ~9 s of a 15 s start-up. Their
+# bytecode goes to a folder of the session's instead, outside the source tree as asked.
+_SESSION = None
+if sys.dont_write_bytecode and not os.environ.get("PYTHONPYCACHEPREFIX"):
+  _SESSION = tempfile.mkdtemp(prefix="vit_jax_tests_")
+  sys.dont_write_bytecode, sys.pycache_prefix = False, os.path.join(_SESSION, "pycache")
+  os.environ.pop("PYTHONDONTWRITEBYTECODE")
+  os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix
+# The processes a test starts compile the same tiny programs many times: they share a JAX
+# compilation cache (bounded, which turns on its file lock). Not this process, whose programs
+# are each compiled once and kept in memory anyway.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _SESSION = _SESSION or tempfile.mkdtemp(prefix="vit_jax_tests_")
+  os.environ.update(JAX_COMPILATION_CACHE_DIR=os.path.join(_SESSION, "jit"),
+                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+                    JAX_COMPILATION_CACHE_MAX_SIZE=str(8 * 2**30))
 from vit_jax import cpu_backend  # noqa: E402  (imports no JAX)
 
 cpu_backend.prepare()  # 8 devices whose programs cannot deadlock, before JAX starts.
 
+import jax  # noqa: E402
+
+jax.config.update("jax_enable_compilation_cache", False)  # This process's: see above.
+
 import pathlib  # noqa: E402
+import shutil  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -24,6 +52,11 @@ def pytest_configure(config: pytest.Config) -> None:
   if any(m.is_file() and "timm_models" in m.read_text() for m in modules):
     from vit_jax.models import timm_models
     timm_models.import_torch()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+  if _SESSION and not hasattr(config, "workerinput"):  # The session's, once its workers end.
+    shutil.rmtree(_SESSION, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

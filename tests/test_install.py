@@ -99,7 +99,7 @@ def test_readme_installs_from_the_locks_and_ci_runs_its_test_command():
   first = re.search(r"^python3 -m venv \.venv .*$", readme, re.M).group(0)
   assert "install -r requirements.lock -e ." in first
   test_command = re.search(r"# 2\. Run the tests.*\n(.*)\n", readme).group(1)
-  assert test_command.startswith(".venv/bin/pip install -r requirements-test.lock -e '.[test]'")
+  assert test_command.startswith(".venv/bin/uv pip install -r requirements-test.lock -e '.[test]'")
   ci = (REPO / ".ci" / "run").read_text()
   assert ci.split("# The README's test command, exactly.\n")[1].strip() == test_command
 
