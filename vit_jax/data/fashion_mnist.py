@@ -2,7 +2,9 @@
 
 Debian ships the four original IDX files, recompressed (so TFDS's registered
 checksums do not match them). TFDS's own builder reads them here unchanged:
-only the download step is replaced by the local copies.
+only the download step is replaced by the local copies, and the images are
+PNG-encoded in one TensorFlow call instead of one eager call each (the same
+op and bytes, ~10 s less on 2 cores: the quick-start pays it on first use).
 """
 import os
 import posixpath
@@ -10,7 +12,10 @@ import tempfile
 
 from absl import logging
 from etils import epath
+import numpy as np
+import tensorflow as tf
 import tensorflow_datasets as tfds
+from tensorflow_datasets.image_classification import mnist
 
 DEBIAN_DIR = "/usr/share/datasets/fashion-mnist"
 FILENAMES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
@@ -45,6 +50,23 @@ class _FashionMNISTFromFiles(tfds.image_classification.FashionMNIST,
 
   def _split_generators(self, dl_manager):
     return super()._split_generators(_LocalCopies(dl_manager, self._files_dir))
+
+  def _generate_examples(self, num_examples, data_path, label_path):
+    # The parent's examples under the parent's keys (so the same order after TFDS's shuffle),
+    # with the image already encoded as the Image feature would encode it.
+    images = mnist._extract_mnist_images(data_path, num_examples)
+    labels = mnist._extract_mnist_labels(label_path, num_examples)
+    for index, (png, label) in enumerate(zip(_encode_pngs(images), labels)):
+      yield index, {"image": png, "label": label}
+
+
+@tf.function
+def _encode_png_batch(images: tf.Tensor) -> tf.Tensor:
+  return tf.map_fn(tf.image.encode_png, images, fn_output_signature=tf.string)
+
+
+def _encode_pngs(images: np.ndarray) -> list[bytes]:
+  return list(_encode_png_batch(tf.constant(images)).numpy())
 
 
 def prepare_fashion_mnist(data_dir: str | None, *, files_dir: str = DEBIAN_DIR,
