@@ -22,7 +22,7 @@ VARIANTS = {
     "ema_decay=0.99": ["--config.ema_decay=0.99"],
     "frozen: all but the last block and head": [
         "--config.optimizer.frozen=('embedding/.*', 'Transformer/posembed_input/.*', "
-        "'Transformer/encoderblock_[0-2]/.*')"],
+        "'Transformer/encoderblock_(?!{last}/).*')"],  # {last}: the checkpoint's last block.
     "lora: rank 8 on query, value": ["--config.lora.rank=8", "--config.optimizer.lr=0.05"],
 }
 
@@ -63,6 +63,9 @@ def trainable(workdir: pathlib.Path, flags: list[str]) -> int:
 
 
 def run(variant: str, flags: list[str], args, data: str) -> dict:
+  from vit_jax import checkpoint
+  last = checkpoint.describe(args.pretrained).model["num_layers"] - 1
+  flags = [f.replace("{last}", str(last)) for f in flags]
   workdir = pathlib.Path(args.out_dir) / variant.split(":")[0].replace("=", "_")
   command = [sys.executable, "-m", "vit_jax.tools.train", "--config", "finetune:ti16," + data,
              "--workdir", str(workdir), f"--config.pretrained={args.pretrained}",

@@ -6,8 +6,8 @@ vit-train --config quickstart:long --workdir /tmp/vit_quickstart   # 4 blocks, 9
 from vit_jax.config_errors import ConfigError
 from vit_jax.train.config import base_config
 
-# (blocks, epochs): the default fits the README's three minutes on a slow 2-core machine, install
-# included; `long` is the earlier recipe, 2.5x the training time for +0.7 points
+# (blocks, epochs): the default aims at the README's three minutes on a slow 2-core machine,
+# install included; `long` is the earlier recipe, 2.8x the training time for +0.9 points
 # (benchmarks/README.md has both measured).
 RECIPES = {None: (2, 6), "long": (4, 9)}
 
