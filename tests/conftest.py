@@ -34,6 +34,7 @@ import jax  # noqa: E402
 
 jax.config.update("jax_enable_compilation_cache", False)  # This process's: see above.
 
+import collections  # noqa: E402
 import pathlib  # noqa: E402
 import shutil  # noqa: E402
 
@@ -52,6 +53,13 @@ def pytest_configure(config: pytest.Config) -> None:
   if any(m.is_file() and "timm_models" in m.read_text() for m in modules):
     from vit_jax.models import timm_models
     timm_models.import_torch()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+  """Files with more slow tests first (each file's own order kept): xdist hands files to its
+  workers in this order, and the longest first leave the shortest to even out the end."""
+  slow = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
+  items.sort(key=lambda item: -slow[item.path])
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

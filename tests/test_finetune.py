@@ -63,7 +63,8 @@ def test_finetuning_beats_scratch_and_fewshot_rises_with_shots(tmp_path, pretrai
 
   out_dir = tmp_path / "sweep"
   step_dir = str(checkpoint.latest_step_dir(workdir))
-  code = fewshot.main([npz, step_dir, str(tmp_path / "missing.npz"), "--datasets=fashion_mnist",
+  (tmp_path / "broken.npz").write_bytes(b"not a checkpoint")  # Fails alone; the sweep goes on.
+  code = fewshot.main([npz, step_dir, str(tmp_path / "broken.npz"), "--datasets=fashion_mnist",
                        f"--data_dir={data_dir}", "--train_split=train[:2000]",
                        "--test_split=test[:1000]", "--image_size=28", "--shots=1,5,25",
                        "--seeds=2", f"--out_dir={out_dir}"])
@@ -76,4 +77,4 @@ def test_finetuning_beats_scratch_and_fewshot_rises_with_shots(tmp_path, pretrai
   assert [r["mean"] for r in rows if r["checkpoint"] == npz] == [
       r["mean"] for r in rows if r["checkpoint"] == step_dir]
   table = (out_dir / "fewshot.md").read_text()
-  assert "25-shot" in table and "missing.npz" in table and (out_dir / "fewshot.png").stat().st_size
+  assert "25-shot" in table and "broken.npz" in table and (out_dir / "fewshot.png").stat().st_size
