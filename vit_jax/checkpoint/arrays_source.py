@@ -29,6 +29,11 @@ class Source:
     """A norm's (weight, bias) as (scale, bias)."""
     return self.take(prefix + ".weight"), self.take(prefix + ".bias")
 
+  def linear(self, prefix: str, to: str) -> dict[str, np.ndarray]:
+    """A torch Linear (weight (out, in), bias) as a flax Dense's `to`kernel (in, out), bias."""
+    return {to + "kernel": self.take(prefix + ".weight").T,
+            to + "bias": self.take(prefix + ".bias")}
+
   def check_all_used(self) -> None:
     if self._left:
       names = sorted(self._left)

@@ -134,10 +134,6 @@ def _attention(src: arrays_source.Source, p: str, q: str, heads: int) -> dict[st
   return out
 
 
-def _dense(src: arrays_source.Source, p: str, q: str) -> dict[str, np.ndarray]:
-  return {q + "kernel": src.take(p + ".weight").T, q + "bias": src.take(p + ".bias")}
-
-
 def _blocks(src: arrays_source.Source, heads: int) -> dict[str, np.ndarray]:
   out, i = {}, 0
   while src.has(f"blocks.{i}.norm1.weight"):
@@ -145,8 +141,8 @@ def _blocks(src: arrays_source.Source, heads: int) -> dict[str, np.ndarray]:
     out[q + "LayerNorm_0/scale"], out[q + "LayerNorm_0/bias"] = src.take_pair(p + "norm1")
     out |= _attention(src, p, q + "MultiHeadDotProductAttention_1/", heads)
     out[q + "LayerNorm_2/scale"], out[q + "LayerNorm_2/bias"] = src.take_pair(p + "norm2")
-    out |= _dense(src, p + "mlp.fc1", q + "MlpBlock_3/Dense_0/")
-    out |= _dense(src, p + "mlp.fc2", q + "MlpBlock_3/Dense_1/")
+    out |= src.linear(p + "mlp.fc1", q + "MlpBlock_3/Dense_0/")
+    out |= src.linear(p + "mlp.fc2", q + "MlpBlock_3/Dense_1/")
     i += 1
   return out
 
@@ -168,8 +164,8 @@ def _attention_pool(src: arrays_source.Source, heads: int) -> dict[str, np.ndarr
   out[q + "out/bias"] = src.take("attn_pool.proj.bias")
   out["MAPHead_0/LayerNorm_0/scale"], out["MAPHead_0/LayerNorm_0/bias"] = src.take_pair(
       "attn_pool.norm")
-  out |= _dense(src, "attn_pool.mlp.fc1", "MAPHead_0/MlpBlock_0/Dense_0/")
-  out |= _dense(src, "attn_pool.mlp.fc2", "MAPHead_0/MlpBlock_0/Dense_1/")
+  out |= src.linear("attn_pool.mlp.fc1", "MAPHead_0/MlpBlock_0/Dense_0/")
+  out |= src.linear("attn_pool.mlp.fc2", "MAPHead_0/MlpBlock_0/Dense_1/")
   return out
 
 
@@ -205,10 +201,9 @@ def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
       out[key + "/scale"], out[key + "/bias"] = src.take_pair(name)
   if src.has("attn_pool.latent"):
     out |= _attention_pool(src, heads)
-  if src.has("pre_logits.fc.weight"):
-    out |= _dense(src, "pre_logits.fc", "pre_logits/")
-  if src.has("head.weight"):
-    out |= _dense(src, "head", "head/")
+  for prefix, to in (("pre_logits.fc", "pre_logits/"), ("head", "head/")):
+    if src.has(prefix + ".weight"):
+      out |= src.linear(prefix, to)
   src.check_all_used()
   return out
 

@@ -29,7 +29,8 @@ def matches(keys: Any) -> bool:
 def _dense(src: arrays_source.Source, p: str, q: str, heads: int | None = None,
            out: bool = False) -> dict[str, np.ndarray]:
   """A torch Linear as a flax Dense, or a DenseGeneral over heads (into or out of them)."""
-  w, b = src.take(p + ".weight").T, src.take(p + ".bias")
+  dense = src.linear(p, "")
+  w, b = dense["kernel"], dense["bias"]
   if heads and out:
     w = w.reshape(heads, -1, w.shape[-1])
   elif heads:
@@ -71,10 +72,9 @@ def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
     i += 1
   out["Transformer/encoder_norm/scale"], out["Transformer/encoder_norm/bias"] = src.take_pair(
       "layernorm")
-  if src.has("pooler.dense.weight"):
-    out |= _dense(src, "pooler.dense", "pre_logits/")
-  if src.has("classifier.weight"):
-    out |= _dense(src, "classifier", "head/")
+  for prefix, to in (("pooler.dense", "pre_logits/"), ("classifier", "head/")):
+    if src.has(prefix + ".weight"):
+      out |= src.linear(prefix, to)
   src.check_all_used()
   return out
 
