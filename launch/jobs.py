@@ -11,7 +11,9 @@ here), or any list of vit_jax command lines.
 
 slurm: one sbatch job per line, on one node with its GPUs, queued side by side.
 hosts: each host takes the next job when its last one ends (name a host twice to run two
-jobs on it at once); localhost runs here, other hosts over ssh, in --remote-repo.
+jobs on it at once); localhost runs here, other hosts over ssh, in --remote-repo. A host that
+ssh cannot log in to is refused before any job starts; a job that could not run (ssh lost its
+host) keeps --then from running on a partial result.
 tpu_vm: single-host TPU VMs made by `launch/tpu_vm.py create` and `setup`; the lines are dealt
 to them in turn, each VM runs its share one after another, detached, logging where
 `launch/tpu_vm.py logs` reads.
@@ -111,10 +113,28 @@ def host_command(args: argparse.Namespace, host: str, job: list[str]) -> list[st
           f"cd {shlex.quote(remote_repo)} && {shlex.join(process)}"]
 
 
+def check_reachable(hosts: Sequence[str]) -> None:
+  """Refuses a remote host that ssh cannot log in to (without a password), before any job
+  starts: a job there would fail, and the report step would run on what the others wrote."""
+  for host in dict.fromkeys(h for h in hosts if h not in common.LOCAL_HOSTS):
+    try:
+      p = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=20", host, "true"],
+                         capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+      raise LaunchError(f"--hosts: cannot reach {host} over ssh ({e}); nothing was started.")
+    if p.returncode:
+      why = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
+      raise LaunchError(f"--hosts: cannot reach {host} over ssh ({why}); nothing was "
+                        "started.")
+
+
 def _say(message: str) -> None:
   """One write per line: slots print from their own threads."""
   sys.stdout.write(f"[launch] {message}\n")
   sys.stdout.flush()
+
+
+_SSH_FAILED, _NOT_STARTED = 255, 127
 
 
 def _run(prefix: str, cmd: list[str]) -> int:
@@ -124,7 +144,7 @@ def _run(prefix: str, cmd: list[str]) -> int:
                          stdin=subprocess.DEVNULL, text=True, errors="replace")
   except OSError as e:  # No such program (ssh, the Python): this job fails, the others run.
     _say(f"{prefix} could not start: {e}")
-    return 127
+    return _NOT_STARTED
   common.stream(f"[{prefix}] ", p.stdout)
   code = p.wait()
   _say(f"{prefix} exited with code {code}")
@@ -155,8 +175,17 @@ def run_on_hosts(slots: list[str], jobs: list[list[str]],
   for t in threads:
     t.join()
   ordered = [codes[i] for i in range(len(jobs))]
-  if then is not None:
+  failed = [f"job {i} (exit status {c})" for i, c in enumerate(ordered) if c]
+  # ssh's status when it lost its host, and ours when a job could not start: that job wrote
+  # nothing, so a report would be silently partial.
+  unrun = [i for i, c in enumerate(ordered) if c in (_SSH_FAILED, _NOT_STARTED)]
+  if then is not None and not unrun:
     ordered.append(_run("then", command(slots[0], then)))
+  if failed:
+    skipped = (f"; --then not run, since job(s) {', '.join(map(str, unrun))} could not run"
+               if then is not None and unrun else "")
+    print(f"error: {len(failed)} of {len(jobs)} jobs failed: {', '.join(failed)}{skipped}",
+          file=sys.stderr, flush=True)
   return next((c for c in ordered if c), 0)
 
 
@@ -209,6 +238,7 @@ def handle(args: argparse.Namespace) -> int:
     dealt = [host_command(args, hosts[i % len(hosts)], job) for i, job in enumerate(jobs)]
     common.execute(dealt + ([host_command(args, hosts[0], then)] if then else []), True)
     return 0
+  check_reachable(hosts)
   return run_on_hosts(hosts, jobs, lambda host, job: host_command(args, host, job), then)
 
 

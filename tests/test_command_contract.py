@@ -1,7 +1,11 @@
 """The README's contract, for every console script setup.py installs: an input error is exit
-status 2 and one `error:` line on stderr (no traceback, no log lines above it). The table
-below must name every command, so that a new one cannot go unchecked."""
+status 2 and one `error:` line on stderr (no traceback, no log lines above it), nothing is
+left where the refused run would have written, and an error in the arguments themselves is
+told before TensorFlow loads (seconds). The table below must name every command, so that a
+new one cannot go unchecked."""
 import ast
+import dataclasses
+from concurrent import futures
 import pathlib
 import re
 import subprocess
@@ -9,58 +13,167 @@ import sys
 
 import numpy as np
 import pytest
+from PIL import Image
 
-from helpers import REPO, cpu_env
+from helpers import REPO, cpu_env, tiny_serving_checkpoint
 
 MISSING = "/nonexistent/checkpoint.npz"
 
+# Runs a console script's entry point as the script does, then says on stdout whether
+# TensorFlow was imported.
+PROBE = """
+import atexit, importlib, sys
+atexit.register(lambda: print("tensorflow loaded:", "tensorflow" in sys.modules, flush=True))
+module, function = sys.argv[1].split(":")
+sys.argv = [sys.argv[2], *sys.argv[3:]]
+getattr(importlib.import_module(module), function)()
+"""
+
 
 def console_scripts() -> dict[str, str]:
-  """{command: module} from setup.py's entry points."""
+  """{command: module:function} from setup.py's entry points."""
   tree = ast.parse((REPO / "setup.py").read_text())
   [entries] = [v for node in ast.walk(tree) if isinstance(node, ast.Dict)
                for k, v in zip(node.keys, node.values)
                if isinstance(k, ast.Constant) and k.value == "console_scripts"]
-  return {e.value.split("=")[0]: e.value.split("=")[1].split(":")[0] for e in entries.elts}
+  return dict(e.value.split("=") for e in entries.elts)
 
 
-def input_errors(tmp) -> dict[str, list[tuple[str, list[str], str]]]:
-  """Per command: (what is wrong, its arguments, what the one line must name)."""
-  image = tmp / "image.png"
-  from PIL import Image
-  Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(image)
-  return {
-      "vit-train": [
-          ("missing checkpoint", ["--config", "quickstart", "--workdir", str(tmp / "w1"),
-                                  f"--config.pretrained={MISSING}"], MISSING),
-          ("malformed --config NAME:ARG", ["--config", "quickstart:fast", "--workdir",
-                                           str(tmp / "w2")], "quickstart:fast")],
-      "vit-fewshot": [("missing checkpoint", [MISSING, "--datasets=fashion_mnist"], MISSING)],
-      "vit-transfer": [("missing checkpoint", [MISSING, "--suite", "fashion_mnist",
-                                               "--out_dir", str(tmp / "t")], MISSING)],
-      "vit-export": [("missing checkpoint", [MISSING, str(tmp / "out.npz")], MISSING)],
-      "vit-predict": [("missing checkpoint", [MISSING, str(image)], MISSING)],
-      "vit-zoo": [("missing checkpoint", ["fetch", "S_16", "no-such-file", "--zoo_dir",
-                                          str(tmp / "zoo")], str(tmp / "zoo"))],
-      "vit-inspect": [("missing checkpoint", [MISSING], MISSING)],
-  }
+@dataclasses.dataclass
+class Case:
+  command: str
+  what: str
+  args: list[str]
+  named: str  # What the one line must name.
+  arguments_only: bool = True  # Found in the arguments: refused before TensorFlow loads.
+  not_written: tuple[str, ...] = ()  # Where the refused run must leave nothing.
+
+
+def _folder(root: pathlib.Path, classes: dict[str, list[str]], broken: str = "") -> str:
+  rng = np.random.default_rng(0)
+  for split, names in classes.items():
+    for name in names:
+      (root / split / name).mkdir(parents=True)
+      for i in range(2):
+        Image.fromarray(rng.integers(0, 255, (28, 28, 3), np.uint8)).save(
+            root / split / name / f"{i}.png")
+  if broken:
+    (root / broken).write_bytes(b"\x89PNG\r\n\x1a\n not really")
+  return str(root)
+
+
+@dataclasses.dataclass
+class Files:
+  """What the cases read: an image, a broken one, a regular file where a folder is asked
+  for, truncated exported models, and image folders whose classes differ or hold a broken
+  image."""
+  root: pathlib.Path
+
+  def __post_init__(self):
+    t = self.root
+    self.image, self.broken, self.a_file = t / "image.png", t / "broken.png", t / "a_file"
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(self.image)
+    self.broken.write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    self.a_file.write_text("not a folder")
+    (t / "truncated.onnx").write_bytes(b"\x08\x07\x12\x04abc")
+    (t / "truncated.tflite").write_bytes(b"TFL3 not really")
+    self.differ = _folder(t / "differ", dict(train=["a", "b"], test=["a", "c"]))
+    self.bad_image = _folder(t / "bad_image", dict(train=["a", "b"], test=["a", "b"]),
+                             broken="train/a/0.png")
+
+
+def train_errors(f: Files) -> list[Case]:
+  tmp, a_file = f.root, f.a_file
+
+  def train(what: str, overrides: list[str], named: str, arguments_only: bool = True) -> Case:
+    workdir = str(tmp / re.sub(r"\W+", "_", what))  # One per case: they run side by side.
+    return Case("vit-train", what, ["--config", "tests/tiny_config.py", "--workdir", workdir,
+                                    *overrides], named, arguments_only, (workdir,))
+
+  return [
+      train("missing checkpoint", [f"--config.pretrained={MISSING}"], MISSING),
+      Case("vit-train", "malformed --config NAME:ARG",
+           ["--config", "quickstart:fast", "--workdir", str(tmp / "w")], "quickstart:fast",
+           not_written=(str(tmp / "w"),)),
+      train("negative registers", ["--config.model.num_registers=-2"],
+            "model.num_registers=-2"),
+      Case("vit-train", "workdir is a file",
+           ["--config", "tests/tiny_config.py", "--workdir", str(a_file)],
+           f"--workdir {a_file}: cannot create this folder: {a_file} is a file"),
+      Case("vit-train", "workdir under a file",
+           ["--config", "tests/tiny_config.py", "--workdir", f"{a_file}/run"],
+           f"{a_file} is a file"),
+      train("unknown dataset", ["--config.data.name=nosuch"],
+            "data.name='nosuch' is neither a TFDS dataset", False),
+      train("missing folder", [f"--config.data.name={tmp}/nowhere"],
+            f"data.name='{tmp}/nowhere' is not a directory", False),
+      train("image size not divisible by the patch",
+            ["--config.data.image_size=30", "--config.model.dynamic_image_size=True"],
+            "data.image_size=30: not divisible by the model's patch stride 7", False),
+      train("broken image", [f"--config.data.name={f.bad_image}",
+                             "--config.data.eval_split=test"],
+            f"Cannot decode image {f.bad_image}/train/a/0.png", False),
+  ]
+
+
+def other_errors(f: Files, model: str) -> list[Case]:
+  tmp, a_file, image = f.root, f.a_file, str(f.image)
+  return [
+      Case("vit-fewshot", "missing checkpoint", [MISSING, "--datasets=fashion_mnist"], MISSING),
+      Case("vit-fewshot", "unknown dataset", [model, "--datasets=nosuch", "--out_dir",
+                                              str(tmp / "f")],
+           "--datasets='nosuch' is neither a TFDS dataset", False, (str(tmp / "f"),)),
+      Case("vit-transfer", "missing checkpoint", [MISSING, "--suite", "fashion_mnist",
+                                                  "--out_dir", str(tmp / "t1")], MISSING,
+           not_written=(str(tmp / "t1"),)),
+      Case("vit-transfer", "--out_dir under a file",
+           [model, "--suite", "fashion_mnist", "--out_dir", f"{a_file}/t"],
+           f"--out_dir {a_file}/t: cannot create this folder"),
+      # vit-transfer cannot relax the folder rules: the line must not name a config field.
+      Case("vit-transfer", "class folders that differ",
+           [model, "--suite", f.differ, "--out_dir", str(tmp / "t2")],
+           f"--suite='{f.differ}': the class folders of the splits differ: test/c (not in "
+           "train), test/b (missing). Give every split the same non-empty class folders.",
+           False, (str(tmp / "t2"),)),
+      Case("vit-export", "missing checkpoint", [MISSING, str(tmp / "out.npz")], MISSING),
+      Case("vit-export", "unwritable output", [model, f"{a_file}/out.onnx", "--format", "onnx"],
+           f"OUT {a_file}: cannot create this folder: {a_file} is a file"),
+      Case("vit-predict", "missing checkpoint", [MISSING, image], MISSING),
+      Case("vit-predict", "unwritable output", [model, image, "--out", f"{a_file}/p.csv"],
+           f"--out {a_file}: cannot create this folder"),
+      Case("vit-predict", "broken image", [model, str(f.broken), "--out", str(tmp / "p.csv")],
+           f"no readable image: {f.broken}: ", False, (str(tmp / "p.csv"),)),
+      Case("vit-predict", "truncated .onnx", [str(tmp / "truncated.onnx"), image],
+           "the exported onnx model cannot be opened", False),
+      Case("vit-inspect", "missing checkpoint", [MISSING], MISSING),
+      Case("vit-inspect", "truncated .tflite", [str(tmp / "truncated.tflite")],
+           "the exported tflite model cannot be opened", False),
+      Case("vit-zoo", "missing checkpoint", ["fetch", "S_16", "no-such-file", "--zoo_dir",
+                                             str(tmp / "zoo")], str(tmp / "zoo")),
+  ]
+
+
+def _run(case: Case, entry: str) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "-c", PROBE, entry, case.command, *case.args],
+                        env=cpu_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow
 def test_every_command_answers_an_input_error_with_one_line_and_status_2(tmp_path):
-  cases = input_errors(tmp_path)
-  assert sorted(cases) == sorted(console_scripts()), "add the new command to input_errors()"
-  bin_dir = pathlib.Path(sys.executable).parent  # The venv's, where the scripts are.
-  procs = {(cmd, what): (subprocess.Popen([str(bin_dir / cmd), *args], env=cpu_env(),
-                                          cwd=tmp_path, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True), named)
-           for cmd, errors in cases.items() for what, args, named in errors}
+  model = tiny_serving_checkpoint(tmp_path / "model.npz", "plain")
+  files = Files(tmp_path)
+  cases = train_errors(files) + other_errors(files, model)
+  scripts = console_scripts()
+  assert sorted({c.command for c in cases}) == sorted(scripts), "add the command to the table"
+  with futures.ThreadPoolExecutor(2) as pool:  # Each waits seconds for imports: two cores.
+    results = list(pool.map(lambda c: _run(c, scripts[c.command]), cases))
   wrong = []
-  for (cmd, what), (proc, named) in procs.items():
-    _, err = proc.communicate(timeout=300)
-    lines = err.strip().splitlines()
-    if proc.returncode != 2 or len(lines) != 1 or not re.match(r"error: .*" + re.escape(named),
-                                                               lines[0]):
-      wrong.append(f"{cmd} ({what}): status {proc.returncode}, stderr:\n{err[-1500:]}")
+  for case, r in zip(cases, results):
+    lines = r.stderr.strip().splitlines()
+    tf_loaded = "tensorflow loaded: True" in r.stdout
+    left = [p for p in case.not_written if pathlib.Path(p).exists()]
+    if (r.returncode != 2 or len(lines) != 1 or not lines[0].startswith("error: ")
+        or case.named not in lines[0] or (case.arguments_only and tf_loaded) or left):
+      wrong.append(f"{case.command} ({case.what}): status {r.returncode}, TensorFlow loaded: "
+                   f"{tf_loaded}, left behind: {left}, stderr:\n{r.stderr[-1500:]}")
   assert not wrong, "\n\n".join(wrong)
-

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, TINY_CONFIG
+from helpers import REPO, TINY_CONFIG, cpu_env
 from launch import tpu_vm
 
 
@@ -250,6 +250,36 @@ def test_independent_jobs_all_run_past_a_failure_then_the_last_step(tmp_path):
                           "transfer", "--hosts", "localhost"], input="\n", capture_output=True,
                          text=True, timeout=60)
   assert empty.returncode == 2 and "no jobs" in empty.stderr
+
+
+def test_a_job_that_could_not_run_keeps_the_last_step_from_a_partial_report(tmp_path, capsys):
+  """ssh's 255 (its host lost): the other jobs run, --then does not, and stderr says why."""
+  from launch import jobs
+  log = tmp_path / "ran"
+  job = lambda name, code: [sys.executable, "-c", (  # noqa: E731
+      f"import sys; open({str(log)!r}, 'a').write('{name} '); sys.exit({code})")]
+  assert jobs.run_on_hosts(["localhost"], [job("a", 255), job("b", 0)], lambda h, c: c,
+                           then=job("then", 0)) == 255
+  assert sorted(log.read_text().split()) == ["a", "b"]
+  [line] = capsys.readouterr().err.splitlines()
+  assert line == ("error: 1 of 2 jobs failed: job 0 (exit status 255); --then not run, since "
+                  "job(s) 0 could not run")
+
+
+def test_an_unreachable_host_is_refused_before_any_job_starts(tmp_path):
+  """Through vit-transfer --launch hosts: one line naming the host, exit 2, nothing run or
+  written (ssh cannot resolve a name under .invalid, RFC 2606; without ssh installed, the
+  same refusal)."""
+  out_dir = tmp_path / "out"
+  r = subprocess.run([sys.executable, "-m", "vit_jax.tools.transfer", str(tmp_path),
+                      "--suite", "vtab1k/dtd", "--out_dir", str(out_dir), "--launch", "hosts",
+                      "--", "--hosts", "localhost,gpu0.invalid"], env=cpu_env(),
+                     capture_output=True, text=True, timeout=300)
+  [line] = r.stderr.splitlines()
+  assert r.returncode == 2 and line.startswith(
+      "error: --launch hosts: --hosts: cannot reach gpu0.invalid over ssh (")
+  assert line.endswith("nothing was started.") and "[launch]" not in r.stdout
+  assert not out_dir.exists()
 
 
 @pytest.mark.slow

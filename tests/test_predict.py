@@ -124,5 +124,8 @@ def test_predict_cli_fails_clearly_without_images(model_npz, tmp_path, capsys):
   r = run_cli([sys.executable, "-m", "vit_jax.tools.predict", model_npz, str(tmp_path / "*.jpg")])
   assert r.returncode == 2 and "No image files to classify." in r.stderr
   (tmp_path / "bad.jpg").write_bytes(b"no")  # In this process: the start-up is checked above.
-  assert predict.main([model_npz, str(tmp_path)]) == 1
-  assert "Classified 0 of 1 images; 1 unreadable" in capsys.readouterr().err
+  capsys.readouterr()
+  assert predict.main([model_npz, str(tmp_path), "--out", str(tmp_path / "p.csv")]) == 2
+  out, err = capsys.readouterr()
+  assert err.startswith(f"error: no readable image: {tmp_path / 'bad.jpg'}: ")
+  assert len(err.splitlines()) == 1 and not out and not (tmp_path / "p.csv").exists()

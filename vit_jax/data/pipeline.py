@@ -58,6 +58,9 @@ def _meta(source: sources.Source, cfg: ml_collections.ConfigDict,
           field: str) -> sources.SplitMeta:
   try:
     return source.meta(cfg[field])
+  except sources.DataOptionError as e:  # Worded in the caller's terms, as its own template.
+    raise sources.DataOptionError("{" + field + "}={split!r}: " + e.template, split=cfg[field],
+                                  **e.values) from None
   except ValueError as e:
     raise sources.DataOptionError("{" + field + "}={value!r}: {detail}", value=cfg[field],
                                   detail=e) from None

@@ -26,7 +26,10 @@ from vit_jax.data import tasks
 # own words the same errors in its terms: DataOptionError.worded (vit_jax/tools/fewshot.py).
 CONFIG_OPTIONS = {"name": "data.name", "data_dir": "data.data_dir",
                   "download": "set data.download=True", "no_download": "data.download=False",
-                  "train_split": "data.train_split", "eval_split": "data.eval_split"}
+                  "train_split": "data.train_split", "eval_split": "data.eval_split",
+                  "relax_class_mismatch": ", or set data.allow_class_mismatch=True to use those "
+                                          "of the train split and skip files of other classes",
+                  "skip_bad_images": ", or set data.on_bad_image='skip' to leave such files out"}
 
 # data.name = "task:NAME": a transfer task of data/tasks.py (its TFDS builder, label, classes).
 TASK_PREFIX = "task:"
@@ -94,7 +97,7 @@ class TfdsSource:
     try:
       self._builder = tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError:
-      close = difflib.get_close_matches(name.split(":")[0], tfds.list_builders())
+      close = difflib.get_close_matches(name.split(":")[0], tasks.known_tfds_names())
       hint = f" Did you mean {close}?" if close else ""
       raise DataOptionError(
           "{name}={value!r} is neither a TFDS dataset nor an existing directory.{hint} "
@@ -237,11 +240,10 @@ class FolderSource:
       differences += [f"{split}/{c} (missing)" for c in names if c not in classes]
       differences += [f"{split}/{c} (empty)" for c, files in classes.items() if not files]
     if differences and not self._allow_mismatch:
-      raise ValueError(
-          f"data.name={self.name!r}: the class folders of the splits differ: "
-          f"{', '.join(differences)}. Give every split the same non-empty class folders, "
-          "or set data.allow_class_mismatch=True to use those of "
-          f"{self._class_split!r} and skip files of other classes.")
+      raise DataOptionError(
+          "{name}={value!r}: the class folders of the splits differ: {differences}. Give "
+          "every split the same non-empty class folders{relax_class_mismatch}.",
+          value=self.name, differences=", ".join(differences))
     if differences:
       logging.warning("%s: the class folders of the splits differ: %s; using the %d of %r "
                       "(data.allow_class_mismatch=True).", self.name,
@@ -288,9 +290,9 @@ class FolderSource:
     bad = [p for p, _ in examples if p not in shapes]
     split_dir = os.path.join(self.name, split)
     if bad and self._on_bad_image == "fail":
-      raise ValueError(
-          f"Cannot decode image {bad[0]} ({len(bad)} undecodable in {split_dir}). "
-          "Replace or delete it, or set data.on_bad_image='skip' to leave such files out.")
+      raise DataOptionError(
+          "Cannot decode image {path} ({n} undecodable in {split_dir}). Replace or delete "
+          "it{skip_bad_images}.", path=bad[0], n=len(bad), split_dir=split_dir)
     left_out = {"undecodable": bad, "not in a class folder": loose,
                f"of a class not in {self._class_split!r}": [
                    p for c in sorted(classes) if c not in labels for p in classes[c]]}

@@ -13,15 +13,22 @@ rate on a held-out part of the train split and then trains on the whole split
 Split strings pin the builder's version: their absolute boundaries come from
 that version's split sizes, written next to each task.
 """
+from __future__ import annotations
+
 import dataclasses
 import functools
 import os
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
-import tensorflow as tf
-import tensorflow_datasets as tfds
+from etils import epy
 
-Features = Mapping[str, tf.Tensor | Mapping[str, tf.Tensor]]
+# Loaded at first use: the tasks' table is read while a command checks its arguments (config
+# validation, --list), which should not wait for TensorFlow (seconds) to find a typo.
+with epy.lazy_imports():
+  import tensorflow as tf
+  import tensorflow_datasets as tfds
+
+Features = Mapping[str, Any]  # Of tf.Tensor, or of mappings of them.
 
 # Steps and learning rates: ViT paper (ICLR 2021), Table 4. Its ImageNet row lists 0.06,
 # which App. B.1.1's text says was added to the sweep for ResNets and hybrids.
@@ -331,6 +338,12 @@ def custom(data_name: str) -> Task:
               source="VTAB-1k's splits and steps, the paper's grid")
 
 
+def known_tfds_names() -> list[str]:
+  """TFDS's own datasets. (Its community index would be read from GCS: seconds, and an
+  authentication warning on stderr where there are no Google credentials.)"""
+  return tfds.list_builders(with_community_datasets=False)
+
+
 def _is_folder(name: str) -> bool:
   return tf.io.gfile.isdir(os.path.expanduser(name))
 
@@ -342,7 +355,7 @@ def resolve_or_custom(spec: str) -> list[Task]:
     try:
       out += resolve(name)
     except ValueError:
-      if not _is_folder(name) and name.split(":")[0] not in tfds.list_builders():
+      if not _is_folder(name) and name.split(":")[0] not in known_tfds_names():
         raise
       out.append(custom(name))
   if not out:

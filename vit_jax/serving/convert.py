@@ -6,9 +6,13 @@ checkpoint's description (`checkpoint.exported`).
 """
 import tempfile
 
+from etils import epy
+
 from vit_jax import checkpoint
 from vit_jax.checkpoint import exported
-from vit_jax.serving import savedmodel, tflite
+
+with epy.lazy_imports():  # TensorFlow, when a format is written: FORMATS is read without it.
+  from vit_jax.serving import savedmodel, tflite
 
 FORMATS = ("savedmodel", "tflite", "onnx")
 

@@ -11,6 +11,7 @@ The TFLite model holds only builtin ops, which tf2onnx converts one for one, but
 see `_unsorted_segment_prod`. `onnx` and `tf2onnx` come with the export extra.
 """
 import importlib
+import os
 
 import numpy as np
 
@@ -80,9 +81,10 @@ def from_tflite(tflite_file: str, out_file: str, description: Description | None
   """Converts `tflite_file` (float32, from `tflite.from_savedmodel`) to `out_file`, with
   `description` in its metadata."""
   onnx, convert = _require("onnx"), _require("tf2onnx.convert")
-  model, _ = convert.from_tflite(
-      tflite_file, opset=opset,
-      custom_op_handlers={"UnsortedSegmentProd": (_unsorted_segment_prod, [])})
+  with tflite.fallback_chosen():
+    model, _ = convert.from_tflite(
+        tflite_file, opset=opset,
+        custom_op_handlers={"UnsortedSegmentProd": (_unsorted_segment_prod, [])})
   _rename(model.graph, _signature_names(tflite_file))
   missing = {savedmodel.INPUT, *savedmodel.OUTPUTS} - {
       v.name for v in list(model.graph.input) + list(model.graph.output)}
@@ -92,6 +94,7 @@ def from_tflite(tflite_file: str, out_file: str, description: Description | None
   if description is not None:
     exported.add_to_onnx(model, description)
   onnx.checker.check_model(model)
+  os.makedirs(os.path.dirname(os.path.abspath(out_file)), exist_ok=True)
   onnx.save(model, out_file)
   return out_file
 

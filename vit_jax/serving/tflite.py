@@ -4,6 +4,10 @@ TensorFlow's converter deserializes the StableHLO inside jax2tf's `XlaCallModule
 lowers it to TFLite builtin ops (no Flex/select TF ops); the serving signature keeps its
 names (`images` -> `logits`, `top5`) and a dynamic batch size.
 """
+import contextlib
+import warnings
+from collections.abc import Iterator
+
 import tensorflow as tf
 from etils import epath
 
@@ -27,7 +31,17 @@ def interpreter(model_path: str, num_threads: int | None = None):
     from ai_edge_litert.interpreter import Interpreter
   except ImportError:
     Interpreter = tf.lite.Interpreter  # noqa: N806
-  return Interpreter(model_path=model_path, num_threads=num_threads)
+  with fallback_chosen():
+    return Interpreter(model_path=model_path, num_threads=num_threads)
+
+
+@contextlib.contextmanager
+def fallback_chosen() -> Iterator[None]:
+  """Silences TensorFlow's deprecation notice of its own interpreter (the fallback above, and
+  what tf2onnx reads a TFLite model with): a choice made, not news to the user."""
+  with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", ".*tf.lite.Interpreter is deprecated", UserWarning)
+    yield
 
 
 def signature_runner(model_path: str, num_threads: int | None = None):

@@ -101,6 +101,28 @@ def check_checkpoints(paths: Sequence[str]) -> None:
       raise FileNotFoundError(f"No checkpoint at {path}.")
 
 
+def check_output_dir(flag: str, path: str) -> None:
+  """Refuses, with a line naming the flag, a local output folder that cannot be made or
+  written in: a path under a regular file, or where this user may not write. Creates
+  nothing (a refused run leaves nothing behind); URLs are left to their writers."""
+  if "://" in path:
+    return
+  existing = next(a for a in _ancestors(path) if os.path.exists(a))
+  if not os.path.isdir(existing):
+    raise OSError(f"{flag} {path}: cannot create this folder: {existing} is a file")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise OSError(f"{flag} {path}: this user may not write in {existing}")
+
+
+def _ancestors(path: str) -> list[str]:
+  """path and the folders above it, nearest first."""
+  out, path = [], os.path.abspath(path)
+  while path not in out:
+    out.append(path)
+    path = os.path.dirname(path)
+  return out
+
+
 def add_base_flag(p: argparse.ArgumentParser) -> None:
   p.add_argument("--base", default=None, metavar="PATH",
                  help="a LoRA adapters file's base checkpoint, where it is no longer at the "
@@ -227,8 +249,11 @@ def route_logs(log_file: str | None = None, verbose: bool = False,
 
 
 # Native INFO and WARNING lines in absl's format (TensorFlow's start-up notices, its
-# converters' "Ignored output_format."), and absl's notice that such lines go to stderr.
-_NATIVE_NOTES = re.compile(r"[IW]\d{4} |WARNING: All log messages before absl::InitializeLog")
+# converters' "Ignored output_format."), absl's notice that such lines go to stderr, and
+# TFLite's notice of its CPU delegate.
+_NATIVE_NOTES = re.compile(
+    r"[IW]\d{4} |WARNING: All log messages before absl::InitializeLog|INFO: Created TensorFlow "
+    r"Lite")
 
 
 @contextlib.contextmanager
@@ -264,14 +289,17 @@ def native_logs() -> Iterator[None]:
               flush=True)
 
 
-def start_tensorflow() -> None:
-  """Imports TensorFlow and TFDS (the data pipeline's) with TensorFlow's C++ start-up lines
-  caught (native_logs), TFDS's progress bars as route_logs set them: a command that reads
-  data calls this first."""
+def start_tensorflow(datasets: bool = True) -> None:
+  """Imports TensorFlow, and TFDS (the data pipeline's) unless not `datasets`, with
+  TensorFlow's C++ start-up lines caught (native_logs), TFDS's progress bars as route_logs
+  set them: a command that reads data or images, or serves a model, calls this once its
+  arguments are checked (the library imports TensorFlow when first used)."""
   with native_logs():
     import tensorflow  # noqa: F401
-    import tensorflow_datasets as tfds
-  tfds.display_progress_bar(_shown["verbose"])
+    if datasets:
+      import tensorflow_datasets as tfds
+  if datasets:
+    tfds.display_progress_bar(_shown["verbose"])
 
 
 def run(main: Main) -> NoReturn:

@@ -23,12 +23,11 @@ N is the checkpoint's resolution unless --image_size resizes the position embedd
 The serving formats need the export extra: pip install 'vit_jax[export]'.
 """
 import argparse
+import os
 
+from vit_jax import checkpoint
+from vit_jax.serving import convert
 from vit_jax.tools import cli
-
-with cli.native_logs():  # The serving formats import TensorFlow: its C++ start-up lines.
-  from vit_jax import checkpoint
-  from vit_jax.serving import convert
 
 FORMATS = ("npz", "adapters", *convert.FORMATS)
 
@@ -53,12 +52,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
   args = parse_args(argv)
   cli.check_checkpoints([args.checkpoint, args.base or ""])
+  # Before minutes of conversion: where the file goes (a SavedModel is a folder itself).
+  cli.check_output_dir("OUT", os.path.dirname(os.path.abspath(args.out)))
+  if os.path.isdir(args.out) and args.format != "savedmodel":
+    cli.fail(f"OUT {args.out} is a folder: give the {args.format} file's path")
   cli.route_logs(verbose=args.verbose)
   if args.format == "npz":
     described = checkpoint.export_npz(args.checkpoint, args.out, args.base)
   elif args.format == "adapters":
     described = checkpoint.export_adapters(args.checkpoint, args.out)
   else:
+    cli.start_tensorflow(datasets=False)  # The serving formats': its C++ start-up lines.
     with cli.native_logs():  # The converters' C++ lines.
       described = convert.export(args.checkpoint, args.out, args.format, args.model,
                                  args.image_size, base=args.base).description

@@ -123,7 +123,8 @@ def sweep(checkpoints: Sequence[str], model_name: str | None, datasets: Sequence
 # How this command's flags set the data options that the data pipeline's errors name.
 _DATA_OPTIONS = {"name": "--datasets", "data_dir": "--data_dir", "download": "pass --download",
                  "no_download": "no --download", "train_split": "--train_split",
-                 "eval_split": "--test_split"}
+                 "eval_split": "--test_split", "relax_class_mismatch": "",
+                 "skip_bad_images": ""}
 
 
 def _ints(s: str) -> list[int]:

@@ -15,22 +15,26 @@ embedding similarity, and, over the images of --images (a TFDS dataset or an ima
 folder, its evaluation split; or a glob of image files), the mean attention distance per
 head against depth and attention rollout.
 """
+from __future__ import annotations
+
 import argparse
 import json
 import shlex
 import textwrap
 from typing import Any
 
+import jax
+import numpy as np
+from etils import epy
+
+from vit_jax import checkpoint, models
+from vit_jax.checkpoint import exported
+from vit_jax.configs import finetune
+from vit_jax.models import registry
 from vit_jax.tools import cli
 
-with cli.native_logs():  # TensorFlow's start-up lines (figures, exported models) hide the report.
-  import jax
-  import numpy as np
-
-  from vit_jax import checkpoint, explore, figures, models
-  from vit_jax.checkpoint import exported
-  from vit_jax.configs import finetune
-  from vit_jax.models import registry
+with epy.lazy_imports():  # TensorFlow, for --figures and exported models only.
+  from vit_jax import explore, figures
 
 # What the fine-tuning model must share with the file for its arrays to load; the
 # fine-tuning config's model starts from a registry name and overrides the rest.
@@ -263,6 +267,7 @@ def main(argv: list[str]) -> int:
   cli.check_checkpoints([args.checkpoint, args.base or ""])
   cli.route_logs(verbose=args.verbose)
   if exported.is_exported(args.checkpoint):
+    cli.start_tensorflow(datasets=False)
     with cli.native_logs():
       from vit_jax.serving import runners
       runner = runners.open_model(args.checkpoint)  # Reported only if its runtime opens it.
@@ -275,6 +280,7 @@ def main(argv: list[str]) -> int:
     return 0
   report, ckpt = describe(args.checkpoint, args.model, args.dataset, args.base)
   if args.figures:
+    cli.start_tensorflow()
     report.update(_figures(ckpt, args))
   if args.json:
     print(json.dumps(report, indent=1))

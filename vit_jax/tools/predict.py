@@ -14,9 +14,12 @@ the checkpoint's description records. The CSV has one row per image: path, then 
 prob_1, ... label_k, prob_k (most likely first; the class names the checkpoint records, else
 --labels, else "class N"; softmax, or per-class sigmoid for a model trained with sigmoid
 cross-entropy or with --sigmoid). Without --out it goes to stdout. Unreadable images are
-skipped and listed on stderr and in the summary.
+skipped and listed on stderr and in the summary; if none is readable, that is the error.
 """
+from __future__ import annotations
+
 import argparse
+import contextlib
 import csv
 import os
 import sys
@@ -27,11 +30,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from vit_jax.tools import cli  # noqa: E402
 
-with cli.native_logs():  # TensorFlow's start-up lines.
-  import numpy as np
-  import tqdm
+import numpy as np  # noqa: E402
+import tqdm  # noqa: E402
+from etils import epy  # noqa: E402
 
-  from vit_jax import checkpoint
+from vit_jax import checkpoint  # noqa: E402
+
+with epy.lazy_imports():  # TensorFlow: started in main once the arguments are checked.
   from vit_jax.serving import images as image_files
   from vit_jax.serving import labels as label_lib
   from vit_jax.serving import runners
@@ -63,33 +68,52 @@ def batches(paths: list[str], size: int, batch_size: int, unreadable: list[str],
             progress: tqdm.tqdm, preprocessing: checkpoint.Preprocessing
             ) -> Iterator[tuple[list[str], np.ndarray]]:
   """(paths, uint8 images) of up to batch_size readable images; the others are reported
-  on stderr and appended to `unreadable`."""
-  done, images = [], []
+  on stderr (once an image was read: if none is, the caller says it in one line) and
+  appended to `unreadable`. Raises ValueError when no image is readable."""
+  done, images, held, readable = [], [], [], False
   for path in paths:
     try:
       images.append(image_files.read_image(path, size, preprocessing))
       done.append(path)
+      readable = True
     except ValueError as e:
       unreadable.append(path)
-      progress.write(f"Skipping unreadable image {path}: {e}", file=sys.stderr)
+      held.append(f"Skipping unreadable image {path}: {e}")
+    if readable:
+      for line in held:
+        progress.write(line, file=sys.stderr)
+      held = []
     progress.update()
     if len(done) == batch_size:
       yield done, np.stack(images)
       done, images = [], []
   if done:
     yield done, np.stack(images)
+  if not readable:
+    first = held[0].removeprefix("Skipping unreadable image ")
+    raise ValueError(f"no readable image: {first}" if len(paths) == 1 else
+                     f"none of the {len(paths)} images is readable ({first}; ...)")
 
 
 def predict(runner: runners.Runner, paths: list[str], names: list[str], k: int,
-            sigmoid: bool, batch_size: int, writer) -> list[str]:
-  """Writes a row per readable image; returns the unreadable paths."""
+            sigmoid: bool, batch_size: int, out: str | None) -> list[str]:
+  """Writes a row per readable image to `out` (stdout if None), the header with the first;
+  returns the unreadable paths."""
   unreadable = []
   preprocessing = (runner.description.preprocessing if runner.description
                    else checkpoint.Preprocessing())
-  with tqdm.tqdm(total=len(paths), unit="img", file=sys.stderr,
-                 desc=f"{runner.format} {runner.image_size}px") as progress:
+  with contextlib.ExitStack() as stack:
+    progress = stack.enter_context(tqdm.tqdm(
+        total=len(paths), unit="img", file=sys.stderr, disable=None,  # None: on a terminal.
+        desc=f"{runner.format} {runner.image_size}px"))
+    writer = None
     for done, batch in batches(paths, runner.image_size, batch_size, unreadable, progress,
                                preprocessing):
+      if writer is None:  # Opened at the first readable image: a refused run writes nothing.
+        writer = csv.writer(stack.enter_context(open(out, "w", newline="")) if out
+                            else sys.stdout)
+        writer.writerow(["path", *[f"{c}_{i}" for i in range(1, k + 1)
+                                   for c in ("label", "prob")]])
       if runner.format == "jax" and len(batch) < batch_size:  # One compiled shape.
         batch = np.concatenate([batch, np.zeros((batch_size - len(batch), *batch.shape[1:]),
                                                 np.uint8)])
@@ -118,7 +142,10 @@ def _names_and_output(runner: runners.Runner, args: argparse.Namespace) -> tuple
 def main(argv: list[str]) -> int:
   args = parse_args(argv)
   cli.check_checkpoints([args.checkpoint, args.base or ""])
+  if args.out:
+    cli.check_output_dir("--out", os.path.dirname(os.path.abspath(args.out)))
   cli.route_logs(verbose=args.verbose)
+  cli.start_tensorflow(datasets=False)  # Images are found and decoded as the pipeline does.
   paths, unmatched = image_files.find_images(args.images)
   for spec in unmatched:
     print(f"No images at {spec}", file=sys.stderr)
@@ -129,18 +156,11 @@ def main(argv: list[str]) -> int:
   runner = runners.open_model(args.checkpoint, **load_kwargs)
   names, sigmoid = _names_and_output(runner, args)
   k = min(args.top_k, runner.num_classes)
-  out = open(args.out, "w", newline="") if args.out else sys.stdout
-  try:
-    writer = csv.writer(out)
-    writer.writerow(["path", *[f"{c}_{i}" for i in range(1, k + 1) for c in ("label", "prob")]])
-    unreadable = predict(runner, paths, names, k, sigmoid, args.batch_size, writer)
-  finally:
-    if args.out:
-      out.close()
+  unreadable = predict(runner, paths, names, k, sigmoid, args.batch_size, args.out)
   print(f"Classified {len(paths) - len(unreadable)} of {len(paths)} images"
         + (f" into {args.out}" if args.out else "") + f"; {len(unreadable)} unreadable"
         + "".join(f"\n  {p}" for p in unreadable), file=sys.stderr)
-  return 0 if len(unreadable) < len(paths) else cli.FAILED
+  return 0
 
 
 def run() -> None:

@@ -141,13 +141,27 @@ def parse_flags(argv: list[str]) -> list[str]:
     sys.exit(0)
   cli.route_logs(hold=True)  # Until main knows the log file.
   logging.info("Command: %s", shlex.join(sys.orig_argv))
-  cli.start_tensorflow()  # Before a config file imports the library, and it TensorFlow.
-  rest = _parse(resolve_config_flag(argv))
+  # The shipped configs import no TensorFlow (seconds): a wrong flag is told before it loads.
+  with cli.native_logs():  # A config file of the user's may import it: its C++ lines.
+    rest = _parse(resolve_config_flag(argv))
   given = config_flags.get_override_values(FLAGS["config"])
   for unit, other in _UNIT_PAIRS:
     for a, b in ((unit, other), (other, unit)):
       if a in given and b not in given and FLAGS.config.get(b) is not None:
         FLAGS.config[b] = None
+  from vit_jax.train import config as config_lib
+  try:
+    config_lib.validate(FLAGS.config)
+    cli.check_checkpoints([FLAGS.config.get("pretrained") or ""])
+  except ConfigError as e:
+    cli.fail(e)
+  except FileNotFoundError as e:
+    cli.fail(f"config.pretrained: {e}")
+  try:
+    cli.check_output_dir("--workdir", FLAGS.workdir)
+  except OSError as e:
+    cli.fail(e)
+  cli.start_tensorflow()
   return rest
 
 
@@ -333,19 +347,30 @@ def main(argv) -> None:
   del argv
   verbose = FLAGS.verbose or FLAGS.alsologtostderr or FLAGS.logtostderr
   cli.route_logs(verbose=verbose, hold=True)  # Until this process knows its index.
-  try:
-    cli.check_checkpoints([FLAGS.config.get("pretrained") or ""])
-  except FileNotFoundError as e:
-    cli.fail(f"config.pretrained: {e}")
   jax = _start_jax()
+  created = "://" not in FLAGS.workdir and not os.path.exists(FLAGS.workdir)
   lock = _own_workdir()
   try:
     _train(jax, verbose)
   except (stop_signals.Interrupted, KeyboardInterrupt) as e:
     sys.exit(cli.stopped(e))  # After saving: the scheduler's restart resumes the run.
+  except SystemExit as e:
+    if e.code == cli.USAGE and created and lock:
+      lock.release()
+      lock = None
+      _remove_refused_workdir(FLAGS.workdir)
+    raise
   finally:
     if lock:
       lock.release()  # Not after a stall (the watchdog's os._exit): the next run takes it over.
+
+
+def _remove_refused_workdir(workdir: str) -> None:
+  """Removes the workdir this run made, if it holds only its logs: a refused run (an input
+  error, told on stderr) leaves nothing behind."""
+  left = os.listdir(workdir)
+  if all(re.fullmatch(r"train(\.process\d+)?\.log", name) for name in left):
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _train(jax, verbose: bool) -> None:

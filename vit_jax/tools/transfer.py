@@ -148,14 +148,39 @@ def launch(args: argparse.Namespace, task_names: list[str]) -> int:
   cmd = [sys.executable, str(script), args.launch, "--tool", "transfer",
          f"--then={shlex.join(report_args)}", *(["--dry-run"] if args.dry_run else []),
          *args.launcher_flags]
-  return subprocess.run(cmd, input="".join(shlex.join(j) + "\n" for j in jobs),
-                        text=True).returncode
+  done = subprocess.run(cmd, input="".join(shlex.join(j) + "\n" for j in jobs), text=True,
+                        stderr=subprocess.PIPE)
+  if done.returncode == cli.USAGE:  # Refused before it started a job: argparse's usage, error.
+    errors = [line.split("error: ", 1)[1] for line in done.stderr.splitlines()
+              if "error: " in line]
+    return cli.input_error(f"--launch {args.launch}: {errors[-1] if errors else done.stderr}")
+  sys.stderr.write(done.stderr)
+  return done.returncode
+
+
+def check_folders(task_list: list) -> None:
+  """Refuses an image folder task whose class folders the protocol cannot use, before any run
+  (each run would fail alike), in vit-transfer's terms."""
+  from vit_jax import data
+  from vit_jax.data import sources
+  from vit_jax.transfer import protocol
+  for task in task_list:
+    if task.suite == "custom" and sources.is_folder(task.tfds_name):
+      try:
+        names = sources.FolderSource(task.tfds_name, "fail").class_names
+      except data.DataOptionError as e:
+        cli.fail(e.worded(protocol.DATA_OPTIONS))
+      if len(names) < 2:
+        cli.fail(f"--suite {task.tfds_name}: {len(names)} class folder(s) "
+                 f"({', '.join(names) or 'none'}): a classifier needs two or more")
 
 
 @cli.command
 def main(argv: list[str]) -> int:
   args = parse_args(argv)
   cli.check_checkpoints(args.checkpoints)  # Before the library's imports: seconds.
+  if args.list is None and not args.dry_run and not args.launch:
+    cli.check_output_dir("--out_dir", args.out_dir)
   cli.route_logs(verbose=args.verbose)
   cpu_backend.prepare(args.cpu_devices)  # Before JAX starts.
   cli.start_tensorflow()
@@ -168,6 +193,7 @@ def main(argv: list[str]) -> int:
     failures = report.write(args.out_dir)
   else:
     task_list = tasks.resolve_or_custom(args.suite)
+    check_folders(task_list)
     if args.launch:
       return launch(args, [t.name for t in task_list])
     settings = settings_of(args)

@@ -175,6 +175,10 @@ class _Job:
     tx, schedule = optimizers.make_optimizer(c.optimizer, total_steps, warmup_steps,
                                              c.accum_steps, trained_only)
     model = build_model(c, info.num_classes)
+    stride = model.stride
+    config_lib.check(c.data.image_size % stride == 0, "data.image_size", c.data.image_size,
+          f"not divisible by the model's patch stride {stride} ({c.model_name}); use a "
+          f"multiple of {stride}, e.g. {max(c.data.image_size // stride, 1) * stride}")
     parent_sha256 = (checkpoint.arrays_sha256(checkpoint.read(c.pretrained)[0])
                      if c.lora.rank else None)
     if c.optimizer.frozen:  # Refused now (patterns that freeze all), before anything is written.

@@ -21,6 +21,14 @@ SELECT, FINAL = "minival", "test"
 # The registry name a checkpoint of an architecture no name has runs under: every field of
 # its own overrides the name's.
 _UNNAMED_BASE = "ViT-B_16"
+
+# The data options that the pipeline's errors name, as a vit-transfer user sets them: the
+# task's data by --suite and --data_dir; its splits, download and folder rules are the
+# protocol's.
+DATA_OPTIONS = {"name": "--suite", "data_dir": "--data_dir",
+                "download": "run `tfds build` on this machine",
+                "no_download": "vit-transfer does not download", "train_split": "split",
+                "eval_split": "split", "relax_class_mismatch": "", "skip_bad_images": ""}
 # Model fields a fine-tuning run takes from its checkpoint. Not representation_size: the
 # paper replaces the whole head, pre-logits included, when fine-tuning.
 _INHERITED = tuple(f for f in models.registry.DESCRIBED if f != "representation_size")

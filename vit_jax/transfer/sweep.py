@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from absl import logging
 import ml_collections
 
-from vit_jax import checkpoint
+from vit_jax import checkpoint, data
 from vit_jax.checkpoint import workdir_lock
 from vit_jax.data import tasks
 from vit_jax.train import loop, stop_signals
@@ -25,7 +25,8 @@ def _done(task_dir: str) -> set[tuple[str, str, str, str]]:
 
 
 def _one_line(e: BaseException) -> str:
-  return f"{type(e).__name__}: {' '.join(str(e).split())}"
+  text = e.worded(protocol.DATA_OPTIONS) if isinstance(e, data.DataOptionError) else str(e)
+  return f"{type(e).__name__}: {' '.join(text.split())}"
 
 
 def run_job(job: protocol.Job, settings: protocol.Settings,
