@@ -122,7 +122,7 @@ def test_random_kills_and_damage_lose_nothing(tmp_path, dataset):
   """kill -9 at three seeded random moments (mid-save included), each followed by a damage to
   the newest step: every rerun resumes from the newest step that verifies, and the per-step
   losses end equal to an uninterrupted run's (run beside the first)."""
-  flags = ("--config.total_steps=200", "--config.checkpoint_every_steps=5",
+  flags = ("--config.total_steps=100", "--config.checkpoint_every_steps=5",
            "--config.log_every_steps=1")
   full_log = open(tmp_path / "full.log", "w")  # Not a pipe: nobody reads it until the end.
   full = subprocess.Popen(cli(tmp_path / "full", dataset, *flags), env=cpu_env(), cwd=REPO,
@@ -163,8 +163,8 @@ def test_random_kills_and_damage_lose_nothing(tmp_path, dataset):
   corrupt = sorted(p.name for p in (workdir / "checkpoints").iterdir() if ".corrupt" in p.name)
   assert len(corrupt) == 3, corrupt
   after = losses_by_step(workdir)
-  assert sorted(after) == sorted(expected) == list(range(1, 201))
-  np.testing.assert_array_equal([after[s] for s in range(1, 201)],
-                                [expected[s] for s in range(1, 201)])
+  assert sorted(after) == sorted(expected) == list(range(1, 101))
+  np.testing.assert_array_equal([after[s] for s in range(1, 101)],
+                                [expected[s] for s in range(1, 101)])
   print(f"\nkills: {kills}, runs: {runs}, damaged (step, how): {damaged}, set aside: {corrupt}, "
         f"newest checkpoint lost per interruption (steps): {lost}")

@@ -224,7 +224,7 @@ def test_sigterm_stops_a_sweep_after_saving_and_the_rerun_completes_it(
   its checkpoint and runs the second, and no row says failed."""
   _, data_dir = dataset
   flags = [tiny_npz, "--suite", f"fashion_mnist,{digits_folder}", "--out_dir", str(tmp_path),
-           "--image_size=28", "--batch_size=16", "--steps=300", "--lr_grid=0.1",
+           "--image_size=28", "--batch_size=16", "--steps=150", "--lr_grid=0.1",
            "--data_dir", data_dir]
   proc = subprocess.Popen([sys.executable, "-m", "vit_jax.tools.transfer", *flags],
                           env=cpu_env(), cwd=REPO, stdout=subprocess.PIPE,
@@ -238,7 +238,7 @@ def test_sigterm_stops_a_sweep_after_saving_and_the_rerun_completes_it(
   _, stderr = proc.communicate(timeout=120)
   assert proc.returncode == 143, stderr[-3000:]
   step = int(re.search(r"Stopped: saved step (\d+)", stderr)[1])
-  assert 0 < step < 300
+  assert 0 < step < 150
   [last] = stderr.strip().splitlines()[-1:]
   assert re.fullmatch(rf"stopped by SIGTERM after saving step {step} to \S+; rerun the same "
                       "command to resume", last), stderr[-3000:]
@@ -250,7 +250,7 @@ def test_sigterm_stops_a_sweep_after_saving_and_the_rerun_completes_it(
   assert [(r["task"], r["phase"], r["status"]) for r in rows] == [
       ("fashion_mnist", "test", "ok"), (digits_folder, "test", "ok")]
   resumed = read_scalars(rows[0]["workdir"], "train_loss", newest_file_only=True)
-  assert min(resumed) > step and max(resumed) == 300  # From the saved step, not from 0.
+  assert min(resumed) > step and max(resumed) == 150  # From the saved step, not from 0.
 
 
 def test_a_signal_between_jobs_stops_the_sweep_before_the_next(monkeypatch, tmp_path, tiny_npz):
