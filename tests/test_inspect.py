@@ -190,8 +190,8 @@ def test_every_npz_layout_gives_the_same_report(tiny, tmp_path, layout):
                "big_vision": lambda: big_vision_layout(flat, scanned=False),
                "big_vision_scanned": lambda: big_vision_layout(flat, scanned=True)}[layout]()
   np.savez(tmp_path / "c.npz", **converted)
-  report, _ = inspect_cli.describe(str(tmp_path / "c.npz"))
-  original, _ = inspect_cli.describe(tiny[0])
+  report, _ = inspect_cli.report(str(tmp_path / "c.npz"))
+  original, _ = inspect_cli.report(tiny[0])
   drop = ("checkpoint", "source", "finetune_command")
   assert {k: v for k, v in report.items() if k not in drop} == {
       k: v for k, v in original.items() if k not in drop}

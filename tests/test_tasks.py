@@ -331,7 +331,7 @@ def test_resolve_errors(spec, match):
 @pytest.mark.parametrize("name", ALL)
 def test_describe_is_json(name):
   task = tasks.TASKS[name]
-  described = json.loads(json.dumps(tasks.describe(task)))
+  described = json.loads(json.dumps(tasks.as_dict(task)))
   assert set(described) == {
       "name", "suite", "group", "tfds_name", "num_classes", "label", "train", "minitrain",
       "minival", "test", "steps", "lr_grid", "manual_download", "source"}

@@ -205,7 +205,7 @@ def load_params(path: str, target: npz.Params) -> dict[str, Any]:
   return npz.fit_to_target(flat, target)
 
 
-def _model_fields(flat: dict[str, np.ndarray], described: Description, model_name: str | None,
+def _name_and_fields(flat: dict[str, np.ndarray], described: Description, model_name: str | None,
                   overrides: dict[str, Any], source: str) -> tuple[str | None, dict]:
   if "model" not in described.assumed:  # Written by this project: the description says.
     # Named as this function's argument and as the flag every command passes it by.
@@ -237,7 +237,7 @@ def from_arrays(flat: dict[str, np.ndarray], described: Description, source: str
                 head: bool = True, **overrides: Any) -> Loaded:
   """`load` of what `read` returned: for callers that also look at the file's own arrays
   (their dtypes, a zeroed head) without reading it twice."""
-  name, fields = _model_fields(flat, described, model_name, overrides, source)
+  name, fields = _name_and_fields(flat, described, model_name, overrides, source)
   fields = models.model_config(name, **fields) if name else dict(fields)
   fields.update(overrides)
   if head:

@@ -388,7 +388,7 @@ def resolve(spec: str) -> list[Task]:
   return list({t.name: t for t in tasks}.values())
 
 
-def describe(task: Task) -> dict:
+def as_dict(task: Task) -> dict:
   """The task as JSON-able values."""
   return {
       "name": task.name, "suite": task.suite, "group": task.group,

@@ -98,8 +98,8 @@ def _head(flat: dict[str, np.ndarray]) -> str:
   return "zeros" if not np.any(flat.get("head/bias", 0)) else "zero kernel"
 
 
-def describe(path: str, model_name: str | None = None, dataset: str = "cifar10",
-             base: str | None = None) -> tuple[dict[str, Any], checkpoint.Loaded]:
+def report(path: str, model_name: str | None = None, dataset: str = "cifar10",
+           base: str | None = None) -> tuple[dict[str, Any], checkpoint.Loaded]:
   """The report on `path` (a JSON-ready dict) and the loaded checkpoint (`base`: a LoRA
   adapters file's moved base)."""
   flat, described, source = checkpoint.read(path, base)
@@ -278,14 +278,14 @@ def main(argv: list[str]) -> int:
                       "opened": opened}, indent=1)
           if args.json else format_description(args.checkpoint, described, opened))
     return 0
-  report, ckpt = describe(args.checkpoint, args.model, args.dataset, args.base)
+  found, ckpt = report(args.checkpoint, args.model, args.dataset, args.base)
   if args.figures:
     cli.start_tensorflow()
-    report.update(_figures(ckpt, args))
+    found.update(_figures(ckpt, args))
   if args.json:
-    print(json.dumps(report, indent=1))
+    print(json.dumps(found, indent=1))
   else:
-    print(format_text(report))
+    print(format_text(found))
     if args.figures and not args.images:
       print("(The attention distance and rollout figures need --images.)")
   return 0

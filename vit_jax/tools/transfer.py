@@ -86,7 +86,7 @@ def print_list(suite: str, fmt: str) -> None:
   from vit_jax.data import tasks
   chosen = list(tasks.TASKS.values()) if suite == "all" else tasks.resolve(suite)
   if fmt == "json":
-    print(json.dumps([tasks.describe(t) for t in chosen], indent=1))
+    print(json.dumps([tasks.as_dict(t) for t in chosen], indent=1))
     return
   for t in chosen:
     print(f"{t.name:36s} {t.tfds_name:48s} {t.num_classes:4d} classes  "
