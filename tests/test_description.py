@@ -17,8 +17,7 @@ from vit_jax.tools import inspect_checkpoint as inspect_cli
 from vit_jax.checkpoint import run
 from vit_jax.data import preprocess as pp
 from vit_jax.evaluators import fewshot_lsr
-from vit_jax.checkpoint import exported
-from vit_jax.serving import convert, runners
+from vit_jax.serving import convert, formats, runners
 from vit_jax.train import loop, sharding
 
 # A run trained on [0, 255] -> [0, 1], not the default [-1, 1]: what exports used to ignore.
@@ -96,8 +95,8 @@ def test_exported_models_apply_the_value_range_the_run_was_trained_with(
   for fmt, tolerance in (("savedmodel", 1e-4), ("tflite", 1e-3), ("onnx", 1e-4)):
     out = str(tmp_path / {"savedmodel": "saved_model"}.get(fmt, f"model.{fmt}"))
     convert.export(workdir, out, fmt)
-    assert exported.is_exported(out)
-    assert checkpoint.describe(out) == loaded.description.replace(exported_from=loaded.source)
+    assert formats.format_of(out) == fmt
+    assert formats.describe(out) == loaded.description.replace(exported_from=loaded.source)
     runner = runners.open_model(out)
     assert runner.description.preprocessing.value_range == VALUE_RANGE
     np.testing.assert_allclose(runner(uint8), want, atol=tolerance, rtol=0)

@@ -194,3 +194,23 @@ def test_inspect_opens_each_format_and_refuses_a_truncated_one(exported, tmp_pat
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {damaged}: the exported {fmt} model "
                                                "cannot be opened"), (fmt, err)
+
+
+def test_every_format_of_the_table_keeps_the_contract_and_every_command_offers_it():
+  """formats.FORMATS drives conversion, running and vit-export's choices: each row's module
+  has the four functions, tells only its own files, and is offered by every entry point."""
+  import inspect as pyinspect
+  from vit_jax.serving import formats
+  from vit_jax.tools import export
+  contract = {"holds": ["path"], "write": ["loaded", "out", "scratch", "kwargs"],
+              "read_description": ["path"], "runner": ["path", "num_threads"]}
+  files = {"savedmodel": None, "tflite": "m.tflite", "onnx": "m.onnx"}
+  assert sorted(files) == sorted(formats.FORMATS), "name a file of the new format here"
+  for fmt in formats.FORMATS:
+    module = formats.module(fmt)
+    for name, params in contract.items():
+      assert list(pyinspect.signature(getattr(module, name)).parameters) == params, (fmt, name)
+    assert [f for f, name in files.items() if name and module.holds(name)] == (
+        [fmt] if files[fmt] else [])
+    assert fmt in export.FORMATS and fmt in runners.FORMATS
+

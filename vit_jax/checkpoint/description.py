@@ -2,7 +2,7 @@
 where it came from (timm's `pretrained_cfg` is the model for this).
 
 Every checkpoint the project writes carries one (a run's step in its metadata, an .npz as
-the `DESCRIPTION_KEY` entry, the serving formats as `exported` writes them), so whoever
+the `DESCRIPTION_KEY` entry, each serving format of vit_jax.serving.formats its own way), so whoever
 loads it needs no flag that the file could tell. Files released without one are described
 by `released`, whose defaults are those of the official code and name themselves in
 `assumed`.

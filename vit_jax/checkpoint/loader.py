@@ -21,7 +21,7 @@ import numpy as np
 from etils import epath
 
 from vit_jax import models
-from vit_jax.checkpoint import augreg, description as desc_lib, exported, hub, npz, run
+from vit_jax.checkpoint import augreg, description as desc_lib, hub, npz, run
 from vit_jax.checkpoint.description import Description
 from vit_jax.models import lora
 
@@ -178,10 +178,8 @@ def export_adapters(path: str, out: str) -> Description:
 
 
 def describe(path: str, base: str | None = None) -> Description:
-  """The description of any checkpoint `read` takes (`base`: read's), or of a model
-  `vit-export` wrote (a SavedModel folder, a .tflite or an .onnx file)."""
-  if exported.is_exported(path):
-    return exported.read(path)
+  """The description of any checkpoint `read` takes (`base`: read's). That of a model
+  `vit-export` wrote in a serving format: vit_jax.serving.formats.describe."""
   run_dir = path.removeprefix(EMA_PREFIX)
   if (not augreg.is_spec(path) and not hub.is_spec(path) and not hub.is_folder(path)
       and epath.Path(run_dir).is_dir()):  # A run: no arrays to read.

@@ -8,18 +8,30 @@ ONNX comes from the TFLite model because neither converter takes the model more 
   bypassing StdConv's weight standardisation (checked here: the root conv's output off by
   up to 29, a tiny hybrid's logits by 9e-3).
 The TFLite model holds only builtin ops, which tf2onnx converts one for one, but for one:
-see `_unsorted_segment_prod`. `onnx` and `tf2onnx` come with the export extra.
+see `_unsorted_segment_prod`. `onnx` and `tf2onnx` come with the export extra. The
+description is the model's `metadata_props` entry named formats.METADATA_NAME. One format of
+`formats`.
 """
 import importlib
 import os
 
 import numpy as np
 
-from vit_jax.checkpoint import exported
+from vit_jax import checkpoint
 from vit_jax.checkpoint.description import Description
-from vit_jax.serving import savedmodel, tflite
+from vit_jax.serving import formats, savedmodel, tflite
 
 OPSET = 17
+
+
+def holds(path: str) -> bool:
+  return path.endswith(".onnx")
+
+
+def write(loaded: checkpoint.Loaded, out: str, scratch: str, **kwargs) -> None:
+  tflite_file = os.path.join(scratch, "model.tflite")
+  tflite.write(loaded, tflite_file, scratch, **kwargs)
+  from_tflite(tflite_file, out, loaded.description)
 
 
 def _require(module: str):
@@ -92,11 +104,35 @@ def from_tflite(tflite_file: str, out_file: str, description: Description | None
     raise ValueError(f"{tflite_file} has no serving signature with {sorted(missing)}: convert "
                      "a TFLite model written by vit_jax.serving.tflite.from_savedmodel.")
   if description is not None:
-    exported.add_to_onnx(model, description)
+    _add_description(model, description)
   onnx.checker.check_model(model)
   os.makedirs(os.path.dirname(os.path.abspath(out_file)), exist_ok=True)
   onnx.save(model, out_file)
   return out_file
+
+
+def _add_description(model, description: Description) -> None:
+  """Sets the description in an `onnx.ModelProto`'s metadata_props."""
+  props = {p.key: p.value for p in model.metadata_props}
+  props[formats.METADATA_NAME] = description.to_json()
+  del model.metadata_props[:]
+  for key, value in props.items():
+    entry = model.metadata_props.add()
+    entry.key, entry.value = key, value
+
+
+def read_description(path: str) -> str | None:
+  model = _require("onnx").load(path, load_external_data=False)
+  return next((p.value for p in model.metadata_props if p.key == formats.METADATA_NAME), None)
+
+
+def runner(path: str, num_threads: int | None = None) -> formats.Runner:
+  opened = session(path, num_threads)
+  shape = opened.get_inputs()[0].shape
+  num_classes = next(o.shape[-1] for o in opened.get_outputs() if o.name == "logits")
+  run = lambda images: opened.run(["logits"], {savedmodel.INPUT: images})[0]  # noqa: E731
+  return formats.Runner("onnx", int(shape[1]), int(num_classes), run, path,
+                        formats.description_or_none(path))
 
 
 def session(onnx_file: str, num_threads: int | None = None):

@@ -5,7 +5,8 @@ model's resolution, any batch size, and returns `logits` (batch, classes) float3
 `top5` (batch, 5) int32, the indices of the largest logits. Preprocessing is part of it:
 the input pipeline's own `apply_preprocessing` maps [0, 255] per channel as the checkpoint's
 description records (the value range or mean and std it was trained with). The description
-itself is written beside the graph (`checkpoint.exported`).
+itself is written beside the graph, in `assets.extra/`, where TensorFlow Serving keeps
+files that belong to a model but not to its graph. One format of `formats`.
 
 jax2tf (jax 0.10) serializes natively only: the model becomes one `XlaCallModule` op
 holding a StableHLO program per platform of PLATFORMS, so the SavedModel runs wherever
@@ -16,13 +17,16 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
-import tensorflow as tf
-from etils import epath
-from jax.experimental import jax2tf
+from etils import epath, epy
 
 from vit_jax import checkpoint
-from vit_jax.checkpoint import exported
-from vit_jax.data import preprocess as pp
+from vit_jax.serving import formats
+
+with epy.lazy_imports():  # Telling a SavedModel and reading its description need neither.
+  import tensorflow as tf
+  from jax.experimental import jax2tf
+
+  from vit_jax.data import preprocess as pp
 
 SIGNATURE = "serving_default"
 INPUT = "images"
@@ -36,8 +40,15 @@ def _check_servable(loaded: checkpoint.Loaded) -> None:
                      "logits, so export a checkpoint with a head (head=True).")
 
 
+_DESCRIPTION_FILE = f"assets.extra/{formats.METADATA_NAME}.json"
+
+
+def holds(path: str) -> bool:
+  return (epath.Path(path) / "saved_model.pb").exists()
+
+
 def serving_module(loaded: checkpoint.Loaded,
-                   platforms: Sequence[str] = PLATFORMS) -> tf.Module:
+                   platforms: Sequence[str] = PLATFORMS) -> "tf.Module":
   """A tf.Module with the params as variables and `serve`, the serving signature."""
   _check_servable(loaded)
   preprocessing = loaded.description.preprocessing
@@ -66,10 +77,33 @@ def save(loaded: checkpoint.Loaded, out_dir: str, **kwargs) -> str:
   module = serving_module(loaded, **kwargs)
   epath.Path(out_dir).parent.mkdir(parents=True, exist_ok=True)
   tf.saved_model.save(module, out_dir, signatures={SIGNATURE: module.serve})
-  exported.write_savedmodel(out_dir, loaded.description)
+  description = epath.Path(out_dir) / _DESCRIPTION_FILE
+  description.parent.mkdir(parents=True, exist_ok=True)
+  description.write_text(loaded.description.to_json())
   return out_dir
+
+
+def write(loaded: checkpoint.Loaded, out: str, scratch: str, **kwargs) -> None:
+  del scratch  # Written directly.
+  save(loaded, out, **kwargs)
+
+
+def read_description(path: str) -> str | None:
+  f = epath.Path(path) / _DESCRIPTION_FILE
+  return f.read_text() if f.exists() else None
 
 
 def load(saved_model_dir: str):
   """The serving signature of a SavedModel: images=uint8 tensor -> dict of outputs."""
   return tf.saved_model.load(saved_model_dir).signatures[SIGNATURE]
+
+
+def runner(path: str, num_threads: int | None = None) -> formats.Runner:
+  """TensorFlow's runtime (`num_threads`: left to TensorFlow)."""
+  del num_threads
+  serve = load(path)
+  spec = serve.structured_input_signature[1][INPUT]
+  num_classes = serve.structured_outputs["logits"].shape[-1]
+  run = lambda images: serve(**{INPUT: tf.constant(images)})["logits"].numpy()  # noqa: E731
+  return formats.Runner("savedmodel", spec.shape[1], num_classes, run, path,
+                        formats.description_or_none(path))

@@ -26,10 +26,10 @@ import argparse
 import os
 
 from vit_jax import checkpoint
-from vit_jax.serving import convert
+from vit_jax.serving import convert, formats
 from vit_jax.tools import cli
 
-FORMATS = ("npz", "adapters", *convert.FORMATS)
+FORMATS = ("npz", "adapters", *formats.FORMATS)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

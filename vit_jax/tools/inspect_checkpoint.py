@@ -28,10 +28,11 @@ import numpy as np
 from etils import epy
 
 from vit_jax import checkpoint, models
-from vit_jax.checkpoint import exported
 from vit_jax.configs import finetune
 from vit_jax.models import registry
 from vit_jax.tools import cli
+
+from vit_jax.serving import formats
 
 with epy.lazy_imports():  # TensorFlow, for --figures and exported models only.
   from vit_jax import explore, figures
@@ -266,12 +267,12 @@ def main(argv: list[str]) -> int:
   args = parser().parse_args(argv)
   cli.check_checkpoints([args.checkpoint, args.base or ""])
   cli.route_logs(verbose=args.verbose)
-  if exported.is_exported(args.checkpoint):
+  if formats.format_of(args.checkpoint):
     cli.start_tensorflow(datasets=False)
     with cli.native_logs():
       from vit_jax.serving import runners
       runner = runners.open_model(args.checkpoint)  # Reported only if its runtime opens it.
-    described = checkpoint.describe(args.checkpoint).to_dict()
+    described = formats.describe(args.checkpoint).to_dict()
     opened = {"format": runner.format, "image_size": runner.image_size,
               "num_classes": runner.num_classes}
     print(json.dumps({"checkpoint": args.checkpoint, "description": described,
