@@ -65,6 +65,9 @@ EXTRAS = {
         "transformers",
         # The serving formats are tested against JAX.
         *EXPORT,
+        # `vit-train --compile_only` and its tests compile for TPU slices on any Linux
+        # machine: libtpu, at the release jax's tpu extra pins.
+        "jax[tpu]",
     ],
     # JAX for NVIDIA GPUs: CUDA 13 needs driver 580 or newer; CUDA 12 runs on 525 and newer
     # (Colab's GPU runtimes had 550 in 2025). The notebooks' install cell picks by driver.

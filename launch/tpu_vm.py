@@ -13,13 +13,19 @@ worker, run a config on all of them, follow the log, delete it.
 command takes --dry-run, which prints the gcloud commands instead of running them. The
 job runs detached (it survives the ssh session) with --distributed on pod slices, where
 jax.distributed.initialize() finds the other workers by itself.
+
+`up` and `run` first compile the config's steps for the accelerator type here (`vit-train
+--compile_only`, libtpu without a TPU) and stop, before any gcloud command, if it does not fit
+the chips' memory, naming the change that makes it fit; --no-preflight skips that.
 """
 import argparse
 import dataclasses
+import os
 import pathlib
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 from typing import Sequence
 
@@ -27,6 +33,7 @@ if __package__ in (None, ""):  # Run as a file: python launch/tpu_vm.py.
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from launch import common  # noqa: E402
 from launch.common import LaunchError  # noqa: E402
+from vit_jax.train import tpu_specs  # noqa: E402
 
 REMOTE_DIR = "vit_jax"  # On each worker, relative to the home directory.
 LOG = f"{REMOTE_DIR}/logs/train.log"
@@ -155,6 +162,31 @@ def run_commands(args: argparse.Namespace, tpu: Slice) -> list[list[str]]:
   return [*copy, _ssh(args, tpu.worker_flags, start)]
 
 
+def preflight(args: argparse.Namespace) -> None:
+  """`vit-train --compile_only` for the accelerator type, here, before any gcloud command: the
+  config's train and eval steps compiled for the slice's TPUs (libtpu, no TPU). Its report
+  goes to stderr (a dry run's stdout stays the commands); a config that does not fit, or
+  does not compile, stops the launch with vit-train's one line."""
+  generation = args.accelerator_type.rsplit("-", 1)[0]
+  if generation not in tpu_specs.BY_CLOUD_PREFIX:
+    print(f"preflight: skipped, no chip figures for {generation} (vit_jax/train/tpu_specs.py)",
+          file=sys.stderr, flush=True)
+    return
+  check = [sys.executable, "-m", "vit_jax.tools.train", "--config", args.config,
+           "--compile_only", "--topology", args.accelerator_type, *args.overrides]
+  print(f"preflight: {shlex.join(check)}", file=sys.stderr, flush=True)
+  path = os.pathsep.join(filter(None, [str(common.REPO), os.environ.get("PYTHONPATH")]))
+  result = subprocess.run(check, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=path))  # This checkout's vit_jax.
+  sys.stderr.write(result.stdout)
+  if result.returncode != 0:
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    why = lines[-1].removeprefix("error: ") if lines else (
+        f"exited with status {result.returncode}: {result.stderr.strip()[-2000:]}")
+    raise LaunchError(f"preflight for {args.accelerator_type}: {why} (--no-preflight skips "
+                      "this check)")
+
+
 def logs_commands(args: argparse.Namespace) -> list[list[str]]:
   return [_ssh(args, [f"--worker={args.worker}"], f"tail -n {args.lines} -F {LOG}")]
 
@@ -178,6 +210,8 @@ def handle(args: argparse.Namespace) -> int:
     tpu = resolve_slice(args.accelerator_type, args.zone, args.version, args.allow_unlisted)
     # The run's commands first: building them checks the config and workdir.
     run = run_commands(args, tpu) if args.command in ("run", "up") else []
+    if run and not args.no_preflight:
+      preflight(args)
     create = create_commands(args, tpu) if args.command in ("create", "up") else []
     setup = setup_commands(args, tpu) if args.command in ("setup", "up") else []
     commands = create + setup + run
@@ -226,6 +260,10 @@ def parser() -> argparse.ArgumentParser:
       s.add_argument("--config", required=True,
                      help="a config of vit_jax by name (pretrain:b16,i1k) or a file, path.py[:arg]")
       s.add_argument("--workdir", required=True, help="gs://BUCKET/PATH (any path on one host)")
+      s.add_argument("--no-preflight", "--no_preflight", dest="no_preflight",
+                     action="store_true",
+                     help="skip compiling the config for the accelerator type here first "
+                     "(vit-train --compile_only, which needs libtpu installed here)")
       common.add_overrides(s)
   return p
 

@@ -6,6 +6,9 @@ import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The test extra installs libtpu (the TPU compile checks, which need no TPU platform): JAX
+# would try a TPU at each start.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # The suite starts ~100 Python processes (xdist workers, vit-train and the other commands).
 # Where PYTHONDONTWRITEBYTECODE is set and the venv holds no bytecode (uv installs none), each
@@ -95,3 +98,14 @@ def digits_folder(tmp_path_factory) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     Image.fromarray((image * 255 / 16).round().astype(np.uint8)).save(folder / f"{i:04d}.png")
   return str(root)
+
+
+@pytest.fixture
+def fake_gcloud(tmp_path):
+  """A `gcloud` first on PATH that records its arguments: what would reach Google Cloud."""
+  log = tmp_path / "gcloud.log"
+  script = tmp_path / "bin" / "gcloud"
+  script.parent.mkdir()
+  script.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {log}\n')
+  script.chmod(0o755)
+  return dict(os.environ, PATH=f"{script.parent}:{os.environ['PATH']}"), log

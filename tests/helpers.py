@@ -26,12 +26,7 @@ def tiny_config(dataset, **overrides):
   from vit_jax import configs
   c = configs.get_config(TINY_CONFIG)
   c.data.name, c.data.data_dir = dataset
-  for k, v in overrides.items():
-    target = c
-    *parents, leaf = k.split(".")
-    for p in parents:
-      target = target[p]
-    target[leaf] = v
+  c.update_from_flattened_dict(overrides)
   return c
 
 

@@ -37,8 +37,10 @@ def flag(cmd: list[str], name: str) -> str:
 
 def tpu_up(accelerator_type: str, zone: str, workdir: str, *extra: str,
            config: str = "finetune:b16,cifar10") -> list[list[str]]:
+  """The dry run's commands, without the preflight compile (test_compile_check.py's)."""
   return dry_run("tpu_vm.py", "up", "--name", "vit", "--zone", zone, "--accelerator-type",
-                 accelerator_type, "--config", config, "--workdir", workdir, *extra)
+                 accelerator_type, "--config", config, "--workdir", workdir, "--no-preflight",
+                 *extra)
 
 
 def remote_train(run: list[str]) -> list[str]:
@@ -110,17 +112,6 @@ def test_unlisted_types_and_zones_need_the_override():
   assert launch("tpu_vm.py", *args, "--dry-run").returncode == 2
   (create,) = dry_run("tpu_vm.py", *args, "--allow-unlisted", "--version", "v2-alpha-tpuv9")
   assert "--accelerator-type=v9-8" in create and "--version=v2-alpha-tpuv9" in create
-
-
-@pytest.fixture
-def fake_gcloud(tmp_path):
-  """A `gcloud` first on PATH that records its arguments: what would reach Google Cloud."""
-  log = tmp_path / "gcloud.log"
-  script = tmp_path / "bin" / "gcloud"
-  script.parent.mkdir()
-  script.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {log}\n')
-  script.chmod(0o755)
-  return dict(os.environ, PATH=f"{script.parent}:{os.environ['PATH']}"), log
 
 
 def test_commands_run_are_those_printed(fake_gcloud):

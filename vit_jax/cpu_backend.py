@@ -14,8 +14,11 @@ which would free a slot, never gets one, and the process hangs. D launch tasks a
 of the one collective program that runs at a time need 2 x D threads, so the pool is sized that
 way. tests/test_cpu_backend.py runs a 40-line reproducer with and without the larger pool.
 """
+import glob
+import importlib.util
 import os
 import re
+import sys
 
 # XLA aborts a CPU collective whose devices have not all joined within 40 s. With several
 # devices per core on a busy machine that is a slow step, not a deadlock: wait longer.
@@ -57,6 +60,22 @@ def prepare(num_devices: int | None = None) -> int:
     import jax  # Not at the top: XLA_FLAGS must be final before jax is first imported.
     jax.config.update("jax_num_cpu_devices", num_devices)
   return n
+
+
+def skip_absent_tpu() -> None:
+  """Where libtpu is installed (the test extra's, for TPU compile checks) but this machine has
+  no TPU and no GPU plugin, JAX would still try a TPU at every start: a second, and lines of
+  libtpu's errors on stderr. The CPU is then the platform, unless JAX_PLATFORMS says
+  otherwise. Compiling for a TPU topology (compile_check) does not need the TPU platform."""
+  if os.environ.get("JAX_PLATFORMS") or importlib.util.find_spec("libtpu") is None:
+    return
+  if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*") or any(
+      importlib.util.find_spec(p) for p in ("jax_cuda12_plugin", "jax_cuda13_plugin")):
+    return
+  if "jax" in sys.modules:
+    sys.modules["jax"].config.update("jax_platforms", "cpu")
+  else:
+    os.environ["JAX_PLATFORMS"] = "cpu"
 
 
 def check_pool(num_devices: int) -> None:

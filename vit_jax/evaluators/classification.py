@@ -53,6 +53,11 @@ class ClassificationEvaluator:
 
     self._sums = jax.jit(sums)
 
+  def lower(self, params, batch) -> jax.stages.Lowered:
+    """The step `run` compiles for each batch, lowered for `params` and `batch` (arrays or
+    abstract shapes with their shardings)."""
+    return self._sums.lower(params, batch)
+
   def run(self, params) -> dict[str, float]:
     total = None
     for batch in self.batches():

@@ -27,11 +27,13 @@ from typing import Callable, Iterator, NoReturn, Sequence, TextIO
 import tqdm
 from absl import logging as absl_logging
 
+from vit_jax import cpu_backend
 from vit_jax.train import stop_signals
 
 # Read by TensorFlow and XLA once, when they load: set here, on import, because the commands
 # import this module before the library, which imports TensorFlow.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+cpu_backend.skip_absent_tpu()  # Before JAX starts: no TPU probed where there is none.
 
 FAILED, USAGE = 1, 2
 
@@ -248,12 +250,18 @@ def route_logs(log_file: str | None = None, verbose: bool = False,
   return sink.stream if sink else None
 
 
+# libtpu's start on a machine with no TPU (compiling for a TPU topology, which needs none):
+# it finds no accelerator type and no worker hostnames, and says so with a trace.
+_LIBTPU_WITHOUT_TPU = (
+    r"Failed to find host bounds for accelerator type|WARNING: Logging before InitGoogle|"
+    r"E\d{4} .*TPU_WORKER_HOSTNAMES|=== Source Location Trace|learning/.*libtpu_init_utils")
+
 # Native INFO and WARNING lines in absl's format (TensorFlow's start-up notices, its
 # converters' "Ignored output_format."), absl's notice that such lines go to stderr, and
 # TFLite's notice of its CPU delegate.
 _NATIVE_NOTES = re.compile(
     r"[IW]\d{4} |WARNING: All log messages before absl::InitializeLog|INFO: Created TensorFlow "
-    r"Lite")
+    r"Lite|" + _LIBTPU_WITHOUT_TPU)
 
 
 @contextlib.contextmanager

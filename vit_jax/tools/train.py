@@ -21,6 +21,7 @@ run writes there to its end; another run on the same workdir ends at once with s
 line naming that process.
 """
 import contextlib
+import json
 import logging
 import os
 import re
@@ -56,7 +57,24 @@ flags.DEFINE_integer("num_processes", None, "Number of processes, with --coordin
 flags.DEFINE_integer("process_id", None, "This process's index, with --coordinator_address.")
 flags.DEFINE_bool("verbose", False, "Show the library's logs (absl INFO) on stderr too, besides "
                   "WORKDIR/train.log.")
-flags.mark_flags_as_required(["config", "workdir"])
+flags.DEFINE_bool("compile_only", False, "Compile the run's train and eval steps for "
+                  "--topology's TPUs (no TPU, data or workdir needed: libtpu only) and report "
+                  "per-chip HBM, FLOPs, collectives and a roofline bound; exit 2 naming a fix "
+                  "if it does not fit.")
+flags.DEFINE_string("topology", None, "With --compile_only: JAX's spelling (v5e:4x4, v4:2x2x4) or "
+                    "a Cloud TPU accelerator type (v4-32, v5litepod-16, v5p-64, v6e-16).")
+flags.DEFINE_integer("num_slices", 1, "With --compile_only: slices of --topology (multislice).")
+flags.DEFINE_bool("plan", False, "With --topology: choose mesh.data x mesh.fsdp and model.remat "
+                  "by compiling candidates; print the overrides to use.")
+flags.DEFINE_bool("json", False, "With --compile_only or --plan: the report as JSON on stdout.")
+flags.DEFINE_integer("num_classes", None, "With --compile_only: the dataset's classes, where "
+                     "config.data.name is not one whose count vit_jax knows.")
+flags.mark_flags_as_required(["config"])
+flags.register_multi_flags_validator(
+    ["workdir", "compile_only", "plan"],
+    lambda f: f["workdir"] is not None or f["compile_only"] or f["plan"],
+    "Flag --workdir must have a value other than None (only --compile_only and --plan go "
+    "without one).")
 
 
 # Durations given in one of two units: the unit set on the command line replaces the other.
@@ -157,12 +175,20 @@ def parse_flags(argv: list[str]) -> list[str]:
     cli.fail(e)
   except FileNotFoundError as e:
     cli.fail(f"config.pretrained: {e}")
+  if _compiling():
+    if not FLAGS.topology:
+      cli.fail("--compile_only and --plan need --topology (e.g. v5e:4x4 or v5litepod-16)")
+    return rest
   try:
     cli.check_output_dir("--workdir", FLAGS.workdir)
   except OSError as e:
     cli.fail(e)
   cli.start_tensorflow()
   return rest
+
+
+def _compiling() -> bool:
+  return FLAGS.compile_only or FLAGS.plan
 
 
 def log_path(workdir: str, process: int) -> str:
@@ -346,6 +372,9 @@ def _own_workdir() -> "workdir_lock.Lock | None":
 def main(argv) -> None:
   del argv
   verbose = FLAGS.verbose or FLAGS.alsologtostderr or FLAGS.logtostderr
+  if _compiling():
+    cli.route_logs(verbose=verbose)
+    sys.exit(_compile_only())
   cli.route_logs(verbose=verbose, hold=True)  # Until this process knows its index.
   jax = _start_jax()
   created = "://" not in FLAGS.workdir and not os.path.exists(FLAGS.workdir)
@@ -363,6 +392,61 @@ def main(argv) -> None:
   finally:
     if lock:
       lock.release()  # Not after a stall (the watchdog's os._exit): the next run takes it over.
+
+
+def _num_classes() -> int:
+  from vit_jax.train import compile_check
+  name = FLAGS.config.data.name.split(":")[0]
+  if FLAGS.num_classes is None and name not in compile_check.KNOWN_CLASSES:
+    cli.fail(f"config.data.name={FLAGS.config.data.name!r}: its number of classes is not known "
+             "without reading the data; give it with --num_classes")
+  return FLAGS.num_classes or compile_check.KNOWN_CLASSES[name]
+
+
+def _compile_only() -> int:
+  """--compile_only / --plan: the report (or the plan) on stdout; a config that does not fit
+  ends with one line naming the first change found that fits, status 2."""
+  import jax
+  if not os.environ.get("JAX_PLATFORMS"):
+    jax.config.update("jax_platforms", "cpu")  # Nothing runs here: no accelerator is taken.
+  with cli.native_logs():  # TensorFlow's start-up lines (the data modules' import).
+    from vit_jax.train import compile_check
+  num_classes = _num_classes()
+  try:
+    with cli.native_logs():  # libtpu's start-up lines, where there is no TPU.
+      topology = compile_check.resolve_topology(FLAGS.topology, FLAGS.num_slices)
+    found = compile_check.search(FLAGS.config, topology, num_classes, FLAGS.plan,
+                                 lambda line: print(line, file=sys.stderr, flush=True))
+  except (ValueError, ConfigError) as e:
+    cli.fail(e)
+  shown = found.found if FLAGS.plan else found.given
+  if shown is not None and (shown.fits or FLAGS.json):
+    report = compile_check.report(FLAGS.config, topology, shown)
+    report |= dict(fix=found.found and found.found.flags(), candidates_compiled=len(found.tried))
+    print(json.dumps(report, indent=1) if FLAGS.json else compile_check.format_report(report))
+  if FLAGS.plan and found.found:
+    if not FLAGS.json:
+      print("Use: " + " ".join(found.found.flags()))
+    return 0
+  if shown is not None and shown.fits:
+    return 0
+  cli.fail(_no_fit_line(found, topology))
+
+
+def _no_fit_line(found: "compile_check.Search", topology: "compile_check.Topology") -> str:
+  from vit_jax.train import tpu_specs
+  spec = (_config_flag(sys.argv) or (0, "", "the config"))[2]
+  head = f"--config {spec} does not fit {topology.name} ({topology.chips} chips)"
+  if found.given is not None:
+    over = found.given.over_bytes
+    head += (f": at least {over / tpu_specs.GiB:.2f} GiB per chip over its "
+             f"{topology.chip.hbm_bytes / tpu_specs.GiB:g} GiB")
+  n = len(found.tried)
+  if found.found is None:
+    return (f"{head}; none of the {n} changes compiled fits (mesh.fsdp, model.remat, "
+            "accum_steps): use a bigger slice")
+  return (f"{head}; it fits with {' '.join(found.found.flags())} (the first that fit of {n} "
+          "changes compiled, cheapest first)")
 
 
 def _remove_refused_workdir(workdir: str) -> None:

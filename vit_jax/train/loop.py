@@ -8,7 +8,7 @@ import shlex
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -170,28 +170,49 @@ class _Job:
     if parent:
       inherit_model_fields(c, parent)
     info = data.dataset_info(c.data)
-    total_steps, warmup_steps = config_lib.resolve_steps(c, info.num_train_examples)
+    job = cls.build(c, workdir, info.num_classes, info.num_train_examples,
+                    tuple(info.class_names))
+    if c.lora.rank:
+      job.parent_sha256 = checkpoint.arrays_sha256(checkpoint.read(c.pretrained)[0])
+    return job
+
+  @classmethod
+  def build(cls, c: ml_collections.ConfigDict, workdir: str, num_classes: int,
+            num_train_examples: int, class_names: tuple[str, ...],
+            devices: Sequence[Any] | None = None) -> "_Job":
+    """The job of a validated config on a dataset of these sizes, its mesh over `devices`
+    (default: all of JAX's); `from_config` reads the sizes from the data."""
+    total_steps, warmup_steps = config_lib.resolve_steps(c, num_train_examples)
     trained_only = lora.TRAINED if c.lora.rank else ()
     tx, schedule = optimizers.make_optimizer(c.optimizer, total_steps, warmup_steps,
                                              c.accum_steps, trained_only)
-    model = build_model(c, info.num_classes)
+    model = build_model(c, num_classes)
     stride = model.stride
     config_lib.check(c.data.image_size % stride == 0, "data.image_size", c.data.image_size,
           f"not divisible by the model's patch stride {stride} ({c.model_name}); use a "
           f"multiple of {stride}, e.g. {max(c.data.image_size // stride, 1) * stride}")
-    parent_sha256 = (checkpoint.arrays_sha256(checkpoint.read(c.pretrained)[0])
-                     if c.lora.rank else None)
     if c.optimizer.frozen:  # Refused now (patterns that freeze all), before anything is written.
       optimizers.trained(_abstract_params(model, c.data.image_size), c.optimizer.frozen,
                          trained_only)
-    return cls(c, workdir, model, tx, schedule,
-               sharding.make_mesh(c.mesh.data, c.mesh.fsdp),
-               config_lib.micro_batch_size(c, jax.device_count()), total_steps, warmup_steps,
-               tuple(info.class_names), parent_sha256)
+    mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, devices)
+    return cls(c, workdir, model, tx, schedule, mesh,
+               config_lib.micro_batch_size(c, mesh.size), total_steps, warmup_steps,
+               class_names)
 
   @property
   def batch_sharding(self) -> jax.sharding.NamedSharding:
     return sharding.batch_sharding(self.mesh)
+
+
+def job_on(c: ml_collections.ConfigDict, num_classes: int, devices: Sequence[Any]) -> _Job:
+  """The job a run of the validated config `c` does on `devices` (compile_check's): no data,
+  no workdir, no checkpoint read, so nothing that config.pretrained's description would
+  change. Epochs count as NOMINAL_EXAMPLES images: the schedule's length changes no compiled
+  shape or cost, only constants."""
+  return _Job.build(c, "", num_classes, NOMINAL_EXAMPLES, (), devices)
+
+
+NOMINAL_EXAMPLES = 10**9  # More than any dataset's: a config's warm-up always fits its epochs.
 
 
 def _pretrained_params(model: models.VisionTransformer, path: str, rng: jax.Array,
@@ -234,11 +255,23 @@ def _restore_or_init(job: _Job, rng: jax.Array
   return manager, state, shardings, start
 
 
+def predict_fn(model: models.VisionTransformer) -> Callable:
+  """`(params, images) -> logits`, what the evaluators compile."""
+  return lambda params, images: model.apply({"params": params}, images)
+
+
+def train_step_fn(job: _Job, shardings: trainer.TrainState, rng: jax.Array) -> Callable:
+  """The run's train step, jit-wrapped, not yet compiled."""
+  c = job.config
+  return trainer.make_train_step(job.model, job.tx, c.loss, shardings, job.mesh, rng,
+                                 c.label_smoothing, c.ema_decay, c.accum_steps)
+
+
 def _build_evaluators(job: _Job, dog: watchdog.StallWatchdog) -> dict[str, Any]:
   """Evaluators by metric prefix: `eval` (classification), one per `config.evals` entry,
   `fewshot` if configured; each batch they read is a sign of life for the watchdog."""
   c, model = job.config, job.model
-  predict = lambda params, images: model.apply({"params": params}, images)
+  predict = predict_fn(model)
   evaluators = {"eval": ClassificationEvaluator(
       predict, lambda: dog.beating(data.eval_iterator(
           c.data, global_batch_size=job.micro_batch, sharding=job.batch_sharding)), c.loss)}
@@ -433,8 +466,7 @@ def _compiled_step(job: _Job, state: trainer.TrainState, shardings: trainer.Trai
   """The train step compiled ahead of the first call (so that compiling, however long, is not
   counted as a stalled step), and the batches from step `start` on."""
   c = job.config
-  train_step = trainer.make_train_step(job.model, job.tx, c.loss, shardings, job.mesh, rng,
-                                       c.label_smoothing, c.ema_decay, c.accum_steps)
+  train_step = train_step_fn(job, shardings, rng)
   batches = data.train_iterator(c.data, global_batch_size=job.micro_batch,
                                 sharding=job.batch_sharding, seed=c.seed, start_step=start)
   first = next(batches)

@@ -1,6 +1,6 @@
 """Device mesh and sharding rules: batches split over (data, fsdp), parameters
 (and optimizer state) split over fsdp along their largest divisible axis."""
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -9,9 +9,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 BATCH_AXES = ("data", "fsdp")
 
 
-def make_mesh(data: int = -1, fsdp: int = 1) -> Mesh:
-  """A 2-D mesh over all devices; -1 takes what the other axis leaves."""
-  n = jax.device_count()
+def make_mesh(data: int = -1, fsdp: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
+  """A 2-D mesh over `devices` (default: all of JAX's); -1 takes what the other axis leaves."""
+  n = len(devices) if devices is not None else jax.device_count()
   if data == -1:
     data = n // fsdp
   if fsdp == -1:
@@ -19,8 +19,18 @@ def make_mesh(data: int = -1, fsdp: int = 1) -> Mesh:
   if data * fsdp != n:
     raise ValueError(f"config.mesh: data={data} x fsdp={fsdp} must equal the {n} devices; "
                      "use -1 for one axis to take the rest.")
-  return jax.make_mesh((data, fsdp), ("data", "fsdp"),
-                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  axis_types = (jax.sharding.AxisType.Auto,) * 2
+  slices = len({getattr(d, "slice_index", 0) for d in devices or jax.devices()})
+  if slices == 1:
+    return jax.make_mesh((data, fsdp), ("data", "fsdp"), axis_types=axis_types, devices=devices)
+  # Several slices (multislice, joined by the data-center network): the data axis spans them,
+  # fsdp's gathers stay within a slice.
+  if data % slices:
+    raise ValueError(f"config.mesh: data={data} must be a multiple of the {slices} slices "
+                     "(fsdp stays within a slice).")
+  from jax.experimental import mesh_utils
+  grid = mesh_utils.create_hybrid_device_mesh((data // slices, fsdp), (slices, 1), devices)
+  return Mesh(grid, ("data", "fsdp"), axis_types=axis_types)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

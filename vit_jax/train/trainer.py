@@ -29,16 +29,31 @@ def init_state(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh,
   Returns the state and its shardings (a TrainState of NamedShardings).
   """
 
+  init = _init_fn(model, tx, image_shape, ema)
+  _, shardings = abstract_state(model, tx, mesh, image_shape, rng, params, ema)
+  state = jax.jit(init, out_shardings=shardings)(rng, params)
+  return state, shardings
+
+
+def _init_fn(model: nn.Module, tx: optax.GradientTransformation, image_shape: tuple[int, ...],
+             ema: bool) -> Callable:
   def init(rng, params):
     if params is None:
       params = model.init(rng, jnp.zeros((1,) + tuple(image_shape), jnp.float32))["params"]
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                       ema_params=jax.tree.map(jnp.copy, params) if ema else None)
+  return init
 
-  abstract = jax.eval_shape(init, rng, params)
+
+def abstract_state(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh,
+                   image_shape: tuple[int, ...], rng: jax.Array, params: Any = None,
+                   ema: bool = False) -> tuple[TrainState, TrainState]:
+  """The state `init_state` makes, as shapes and dtypes only (nothing is computed), each leaf
+  with its sharding; and the shardings."""
+  abstract = jax.eval_shape(_init_fn(model, tx, image_shape, ema), rng, params)
   shardings = sharding.state_shardings(mesh, abstract)
-  state = jax.jit(init, out_shardings=shardings)(rng, params)
-  return state, shardings
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      abstract, shardings), shardings
 
 
 def update_ema(ema: Any, params: Any, decay: float, updated: jax.Array) -> Any:

@@ -1,0 +1,95 @@
+"""The paper's pre-training configs compiled for Cloud TPU slices without a TPU (libtpu's
+compile-only devices; vit_jax/train/compile_check.py, what `vit-train --compile_only` runs):
+does each fit (or the first change that does), HBM per chip, FLOPs per chip per step from
+XLA beside the analytic count, and the roofline bound on images/s and on days for 90 epochs
+of ImageNet-21k, beside the paper's own cost. A markdown table on stdout.
+
+    PYTHONPATH=. python benchmarks/tpu_compile_table.py [--configs b32,b16] \
+        [--slices v4-32,v5litepod-64] [--json_out FILE]
+
+Each compile of a ViT-B takes minutes on 2 CPU cores, ViT-H longer; a config that does not
+fit compiles its candidate fixes too (compile_check.MAX_CANDIDATES at most).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # Nothing runs: compiles only.
+
+from vit_jax import configs  # noqa: E402
+from vit_jax.train import compile_check  # noqa: E402
+from vit_jax.train.tpu_specs import GiB  # noqa: E402
+
+CONFIGS = ("b16", "l16", "h14", "b32", "r50_b16")  # pretrain:NAME,i21k: batch 4096, bf16.
+SLICES = ("v4-32", "v5p-32", "v5litepod-64", "v5litepod-256", "v6e-64")
+# ImageNet-21k (fall 2011): 14,197,122 images (image-net.org/about-stats), less the
+# 102,400 the i21k config holds out for evaluation.
+EPOCH_IMAGES = 14_197_122 - 102_400
+EPOCHS = 90
+# The paper's Table 2 (Dosovitskiy et al., 2021): pre-training on JFT-300M, TPUv3-core-days.
+PAPER_CORE_DAYS = {"l16": "0.68k", "h14": "2.5k"}
+
+
+def row(name: str, slice_name: str) -> dict[str, Any]:
+  c = configs.get_config(f"pretrain:{name},i21k")
+  topology = compile_check.resolve_topology(slice_name)
+  t0 = time.time()
+  found = compile_check.search(c, topology, compile_check.KNOWN_CLASSES["imagenet21k"],
+                               log=lambda line: print(f"  {name} {slice_name}: {line}",
+                                                      file=sys.stderr, flush=True))
+  shown = found.given if found.given.fits else found.found
+  out = dict(config=name, slice=slice_name, chips=topology.chips, compile_s=time.time() - t0,
+             fits=found.given.fits, fix=None if found.given.fits else (
+                 " ".join(shown.flags()) if shown else f"none of {len(found.tried)} fits"))
+  if shown is not None:
+    out["report"] = compile_check.report(c, topology, shown)
+  return out
+
+
+def _cells(r: dict[str, Any]) -> list[str]:
+  fits = "yes" if r["fits"] else f"no: `{r['fix']}`"
+  rep = r.get("report")
+  if rep is None:
+    return [r["config"], r["slice"], str(r["chips"]), fits] + ["-"] * 6 + [
+        PAPER_CORE_DAYS.get(r["config"], ""), f"{r['compile_s']:.0f}"]
+  train = rep["train"]
+  img_s = train["roofline"]["images_per_s"]
+  days = EPOCHS * EPOCH_IMAGES / img_s / 86400
+  return [r["config"], r["slice"], str(r["chips"]), fits,
+          f"{train['total_bytes'] / GiB:.1f} / {rep['hbm_capacity_bytes'] / GiB:.0f}",
+          f"{train['flops'] / 1e12:.2f}", f"{train['analytic_flops'] / 1e12:.2f}",
+          f"{train['flops'] / train['analytic_flops']:.2f}", f"{img_s:,.0f}",
+          f"{days:.1f} ({days * r['chips']:,.0f} chip-days)",
+          PAPER_CORE_DAYS.get(r["config"], ""), f"{r['compile_s']:.0f}"]
+
+
+HEADER = ["config (pretrain:_,i21k)", "slice", "chips", "fits (or the fix)",
+          "train HBM/chip GiB", "XLA TFLOP/chip/step", "analytic", "ratio",
+          "roofline img/s (bound)", f"days for {EPOCHS} epochs (bound)",
+          "paper: TPUv3-core-days, JFT-300M", "compile s"]
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+  lines = ["| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]
+  return "\n".join(lines + ["| " + " | ".join(_cells(r)) + " |" for r in rows])
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--configs", default=",".join(CONFIGS))
+  p.add_argument("--slices", default=",".join(SLICES))
+  p.add_argument("--json_out", help="every row's full report, as JSON")
+  args = p.parse_args()
+  rows = [row(c, s) for c in args.configs.split(",") for s in args.slices.split(",")]
+  if args.json_out:
+    with open(args.json_out, "w") as f:
+      json.dump(rows, f, indent=1)
+  print(table(rows))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,462 @@
+"""Compiles a run's train and evaluation steps for a TPU slice without one (`vit-train
+--compile_only --topology v5e:4x4`): from abstract shapes, on the slice's compile-only
+devices (libtpu), with the config's mesh, dtype and batch. Reports per-chip HBM, FLOPs beside
+an analytic count, collectives, and a roofline lower bound on step time; and, for a config
+that does not fit, the first of a bounded list of changes that does, found by compiling it.
+"""
+import dataclasses
+import math
+import os
+import re
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from vit_jax import models
+from vit_jax.config_errors import ConfigError
+from vit_jax.evaluators.classification import ClassificationEvaluator
+from vit_jax.train import loop, trainer, tpu_specs
+
+# Classes of the datasets the shipped configs name: the compile check reads no data, and the
+# head's width is all it needs of the dataset (vit-train --num_classes sets it for others).
+KNOWN_CLASSES = {"imagenet21k": 21843, "imagenet2012": 1000, "cifar10": 10, "cifar100": 100,
+                 "oxford_iiit_pet": 37, "oxford_flowers102": 102, "fashion_mnist": 10,
+                 "mnist": 10, "svhn_cropped": 10}
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+MAX_CANDIDATES = 8  # Compiles the fit search may spend, the config's own not counted.
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+  """A slice (or `num_slices` of them) of compile-only TPU devices, one per chip."""
+  name: str  # As given.
+  jax_name: str  # JAX's spelling: "v5e:4x4".
+  num_slices: int
+  chip: tpu_specs.Chip
+  devices: tuple[Any, ...]
+
+  @property
+  def chips(self) -> int:
+    return len({(getattr(d, "slice_index", 0), tuple(d.coords)) for d in self.devices})
+
+  @property
+  def hosts(self) -> int:
+    return len({d.process_index for d in self.devices})
+
+  @property
+  def device_kind(self) -> str:
+    return self.devices[0].device_kind
+
+
+def jax_topology_name(name: str) -> tuple[str, tpu_specs.Chip]:
+  """JAX's spelling (`v5e:4x4`) of a topology given so or as a Cloud accelerator type
+  (`v4-32`, `v5litepod-16`, `v5p-64`, `v6e-16`), and its chip."""
+  if m := re.fullmatch(r"(v\w+?):(\d+(?:x\d+)+)", name):
+    chip = tpu_specs.CHIPS.get(m.group(1))
+    if chip is None:
+      raise ValueError(f"--topology {name}: unknown TPU {m.group(1)!r}; known: "
+                       f"{', '.join(tpu_specs.CHIPS)}")
+    return name, chip
+  m = re.fullmatch(r"(v\w+?)-(\d+)", name)
+  chip = tpu_specs.BY_CLOUD_PREFIX.get(m.group(1)) if m else None
+  if chip is None:
+    known = ", ".join(f"{c.cloud_prefix}-N" for c in tpu_specs.CHIPS.values())
+    raise ValueError(f"--topology {name}: expected JAX's spelling (v5e:4x4, v4:2x2x4) or a "
+                     f"Cloud TPU accelerator type ({known})")
+  size = int(m.group(2))
+  if size % chip.cores_per_chip:
+    raise ValueError(f"--topology {name}: {chip.cloud_prefix} sizes count TensorCores, "
+                     f"{chip.cores_per_chip} per chip")
+  return f"{chip.name}:{tpu_specs.topology_shape(chip, size // chip.cores_per_chip)}", chip
+
+
+def resolve_topology(name: str, num_slices: int = 1) -> Topology:
+  """The compile-only devices of a topology (needs libtpu; no TPU)."""
+  from jax.experimental import topologies
+  jax_name, chip = jax_topology_name(name)
+  # Compile-only devices drive no chip: other compiles (a fit search's, tests') may share
+  # libtpu's lock on this machine.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  # JAX runs a v4 chip's two TensorCores as one device (megacore); libtpu's compile-only
+  # topology would otherwise give one device per core.
+  extra = {"chip_config_name": "megacore"} if chip.name == "v4" else {}
+  if num_slices > 1:
+    extra["num_slices"] = num_slices
+  try:
+    desc = topologies.get_topology_desc(platform="tpu", topology_name=jax_name, **extra)
+  except RuntimeError as e:  # No libtpu, or a shape libtpu refuses: one line either way.
+    raise ValueError(f"--topology {name} ({jax_name}): {str(e).splitlines()[0]}") from None
+  return Topology(name, jax_name, num_slices, chip, tuple(desc.devices))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepStats:
+  """One compiled step, per chip."""
+  argument_bytes: int
+  output_bytes: int
+  alias_bytes: int  # Outputs written into their (donated) arguments' buffers.
+  temp_bytes: int
+  flops: float
+  bytes_accessed: float
+  collectives: dict[str, dict[str, int]]  # kind -> {"ops", "bytes"}.
+
+  @property
+  def total_bytes(self) -> int:
+    return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+
+
+def _shape_bytes(text: str) -> list[int]:
+  """The bytes of each array in an HLO shape (`f32[8,128]{1,0}` or a tuple of them)."""
+  out = []
+  for dtype, dims in re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", text):
+    bits = int(re.sub(r"\D", "", dtype) or 8) if dtype != "pred" else 8
+    out.append(math.prod(int(d) for d in dims.split(",") if d) * bits // 8)
+  return out
+
+
+_COLLECTIVE_RE = re.compile(r"=\s*(.+?)\s+(" + "|".join(COLLECTIVES) + r")(-start)?\(")
+
+
+def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
+  """Collective ops of an optimized HLO module by kind: how many, and their results' bytes.
+  An async op counts at its `-start`, whose tuple holds its operands before its results
+  (all-gather, collective-permute) and scalar contexts after; a loop body's ops count once."""
+  out = {k: {"ops": 0, "bytes": 0} for k in COLLECTIVES}
+  for line in hlo_text.splitlines():
+    if not (m := _COLLECTIVE_RE.search(line)):
+      continue
+    sizes = [b for b in _shape_bytes(m.group(1)) if b > 4] or _shape_bytes(m.group(1))
+    if m.group(3) and m.group(2) != "all-reduce" and len(sizes) > 1:
+      sizes = sizes[len(sizes) // 2:]
+    out[m.group(2)]["ops"] += 1
+    out[m.group(2)]["bytes"] += sum(sizes)
+  return {k: v for k, v in out.items() if v["ops"]}
+
+
+def step_stats(compiled: jax.stages.Compiled) -> StepStats:
+  mem = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return StepStats(mem.argument_size_in_bytes, mem.output_size_in_bytes,
+                   mem.alias_size_in_bytes, mem.temp_size_in_bytes,
+                   float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)),
+                   collectives(compiled.as_text()))
+
+
+def _resnet_flops(model: models.VisionTransformer, size: int) -> tuple[float, int, int]:
+  """The ResNet-v2 stem's convolution FLOPs per image, and its output's side and channels
+  (resnet.resnet_stem: a 7x7/2 root, a 3x3/2 max pool, bottleneck units)."""
+  if model.resnet_layers is None:
+    return 0.0, size, 3
+  width = int(64 * model.resnet_width_factor)
+  side = -(-size // 2)
+  flops, side, cin = 2.0 * side * side * 49 * 3 * width, -(-side // 2), width
+  for i, units in enumerate(model.resnet_layers):
+    f = width * 2**i
+    for k in range(units):
+      stride = 2 if i > 0 and k == 0 else 1
+      out = -(-side // stride)
+      if cin != 4 * f or stride != 1:
+        flops += 2.0 * out * out * cin * 4 * f  # conv_proj
+      flops += 2.0 * (side * side * cin * f + out * out * (9 * f * f + 4 * f * f))
+      side, cin = out, 4 * f
+  return flops, side, cin
+
+
+def forward_flops(model: models.VisionTransformer, image_size: int) -> float:
+  """Analytic FLOPs of one image's forward pass: the matmuls and convolutions (2 per
+  multiply-add) of the ResNet stem, the patch embedding, each block's QKV, attention, output
+  projection and MLP, a MAP head's, the pre-logits and the head (benchmarks/throughput.py's
+  count, with the stem). Norms, softmax, GELU and the loss are left out."""
+  stem, side, channels = _resnet_flops(model, image_size)
+  d, m, p = model.hidden_size, model.mlp_dim, model.patch_size
+  patches = (side // p) ** 2
+  n = patches + model.num_prefix_tokens
+  block = 2.0 * n * d * 4 * d + 2 * 2.0 * n * n * d + 2 * 2.0 * n * d * m
+  width = model.representation_size or d
+  head = 2.0 * d * width * (model.representation_size is not None) + 2.0 * width * model.num_classes
+  if model.classifier == "map":  # One query's attention over the tokens, and its MLP.
+    head += 2.0 * (2 * d * d + 2 * n * d * d + 2 * n * d + 2 * d * m)
+  return stem + 2.0 * patches * p * p * channels * d + model.num_layers * block + head
+
+
+@dataclasses.dataclass
+class Attempt:
+  """One compile of a config on a topology."""
+  overrides: dict[str, Any]  # Config fields changed from the config given.
+  micro_batch: int
+  mesh: tuple[int, int]  # (data, fsdp).
+  train: StepStats | None = None
+  eval: StepStats | None = None
+  error: str | None = None  # The compiler's refusal (out of memory).
+  over_bytes: int = 0  # How far the biggest step exceeds the chip's HBM.
+  analytic_forward: float = 0.0  # Per image.
+  compile_s: float = 0.0
+
+  @property
+  def fits(self) -> bool:
+    return self.error is None and self.over_bytes <= 0
+
+  def flags(self) -> list[str]:
+    return [f"--config.{k}={v}" for k, v in self.overrides.items()]
+
+
+def with_overrides(c: ml_collections.ConfigDict, overrides: dict[str, Any]
+                   ) -> ml_collections.ConfigDict:
+  c = c.copy_and_resolve_references()
+  c.update_from_flattened_dict(overrides)
+  return c
+
+
+def _abstract_batch(job: "loop._Job", num_classes: int, train: bool) -> dict[str, Any]:
+  """A batch as data.train_iterator / eval_iterator give it: images float32, labels int32
+  (float32 soft targets with mixup), eval's mask float32."""
+  c, n, sharding = job.config, job.micro_batch, job.batch_sharding
+  size = c.data.image_size
+  batch = {"image": jax.ShapeDtypeStruct((n, size, size, 3), jnp.float32, sharding=sharding)}
+  if train and c.data.mixup_alpha:
+    batch["label"] = jax.ShapeDtypeStruct((n, num_classes), jnp.float32, sharding=sharding)
+  else:
+    batch["label"] = jax.ShapeDtypeStruct((n,), jnp.int32, sharding=sharding)
+  if not train:
+    batch["mask"] = jax.ShapeDtypeStruct((n,), jnp.float32, sharding=sharding)
+  return batch
+
+
+def compile_steps(c: ml_collections.ConfigDict, topology: Topology, num_classes: int
+                  ) -> tuple["loop._Job", jax.stages.Compiled, jax.stages.Compiled]:
+  """The run's train step and evaluation step (loop's own functions), compiled for the
+  topology from abstract shapes: no data, no weights."""
+  job = loop.job_on(c, num_classes, topology.devices)
+  init_rng, dropout_rng = jax.random.split(jax.random.key(c.seed))
+  size = c.data.image_size
+  state, shardings = trainer.abstract_state(job.model, job.tx, job.mesh, (size, size, 3),
+                                            init_rng, ema=c.ema_decay is not None)
+  train = loop.train_step_fn(job, shardings, dropout_rng).lower(
+      state, _abstract_batch(job, num_classes, train=True)).compile()
+  evaluator = ClassificationEvaluator(loop.predict_fn(job.model), lambda: (), c.loss)
+  evaluate = evaluator.lower(state.params, _abstract_batch(job, num_classes, train=False))
+  return job, train, evaluate.compile()
+
+
+_SIZE = r"([\d.]+)([KMGT]?)"
+# libtpu's two ways of saying it: the temporaries alone exceed the HBM left, or the total.
+_OVER_RES = (re.compile(rf"\({_SIZE}\) exceeds available HBM \({_SIZE}\)"),
+             re.compile(rf"[Ee]xceeded (?:hbm )?capacity by {_SIZE}"))
+
+
+def _bytes(number: str, unit: str) -> int:
+  return int(float(number) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[unit])
+
+
+def _over_bytes_of(message: str) -> int:
+  """How far over the HBM the compiler's out-of-memory message says the step is (at least);
+  1 where it says no number."""
+  if m := _OVER_RES[0].search(message):
+    return _bytes(*m.group(1, 2)) - _bytes(*m.group(3, 4))
+  if m := _OVER_RES[1].search(message):
+    return _bytes(*m.group(1, 2))
+  return 1
+
+
+def attempt(c: ml_collections.ConfigDict, topology: Topology, num_classes: int,
+            overrides: dict[str, Any]) -> Attempt:
+  """Compiles `c` with `overrides` on the topology; an out-of-memory refusal is a result."""
+  import time
+  t0 = time.time()
+  cfg = with_overrides(c, overrides)
+  job = loop.job_on(cfg, num_classes, topology.devices)  # Config errors raise here.
+  out = Attempt(overrides, job.micro_batch, (job.mesh.shape["data"], job.mesh.shape["fsdp"]),
+                analytic_forward=forward_flops(job.model, cfg.data.image_size))
+  try:
+    _, train, evaluate = compile_steps(cfg, topology, num_classes)
+  except jax.errors.JaxRuntimeError as e:
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    out.error = next((line.strip() for line in str(e).splitlines()
+                      if any(r.search(line) for r in _OVER_RES)), str(e).splitlines()[0])
+    out.over_bytes = _over_bytes_of(str(e))
+  else:
+    out.train, out.eval = step_stats(train), step_stats(evaluate)
+    out.over_bytes = max(out.train.total_bytes, eval_resident_bytes(out.train, out.eval)
+                         ) - topology.chip.hbm_bytes
+  out.compile_s = time.time() - t0
+  return out
+
+
+def eval_resident_bytes(train: StepStats, evaluate: StepStats) -> int:
+  """HBM in use while the evaluation step runs: the whole train state stays resident (the
+  train step's arguments), beside the evaluation's own temporaries and outputs."""
+  return train.argument_bytes + evaluate.temp_bytes + evaluate.output_bytes
+
+
+def candidates(c: ml_collections.ConfigDict, chips: int, plan: bool = False
+               ) -> list[dict[str, Any]]:
+  """Changes to try, cheapest first: the parameters and optimizer state split over more
+  chips (mesh.fsdp x2, x4, x8: more communication, same work), then rematerialisation
+  (about a third more FLOPs), then both, then smaller micro-batches (accum_steps x2, x4: the
+  chips less busy per step), then all of it. `plan` starts from fsdp=1 without remat, so
+  that the first fit is the mesh and remat to use."""
+  base = {"mesh.data": -1, "mesh.fsdp": 1, "model.remat": False} if plan else {}
+  fsdp0 = 1 if plan else _fsdp_of(c, chips)
+  fsdps = [f for f in (2 * fsdp0, 4 * fsdp0, 8 * fsdp0) if f <= chips and chips % f == 0]
+  sharded = [base | {"mesh.data": -1, "mesh.fsdp": f} for f in fsdps]
+  remat = [] if c.model.remat and not plan else [base | {"model.remat": True}]
+  both = [s | {"model.remat": True} for s in sharded[-1:]] if remat else []
+  accums = [base | {"accum_steps": c.accum_steps * k} for k in (2, 4)
+            if c.batch_size % (c.accum_steps * k) == 0
+            and (c.batch_size // (c.accum_steps * k)) % chips == 0]
+  last = [(both or sharded or remat or [base])[-1] | accums[-1]] if accums else []
+  found = ([base] if plan else []) + sharded + remat + both + accums + last
+  return found[:MAX_CANDIDATES]
+
+
+def _fsdp_of(c: ml_collections.ConfigDict, chips: int) -> int:
+  if c.mesh.fsdp != -1:
+    return c.mesh.fsdp
+  return chips // c.mesh.data
+
+
+@dataclasses.dataclass
+class Search:
+  """The config's own compile and, where it does not fit (or for a plan), the candidates
+  compiled in turn until one fits."""
+  given: Attempt | None
+  tried: list[Attempt]
+
+  @property
+  def found(self) -> Attempt | None:
+    return next((a for a in self.tried if a.fits), None)
+
+
+def search(c: ml_collections.ConfigDict, topology: Topology, num_classes: int,
+           plan: bool = False, log: Callable[[str], None] = lambda _: None) -> Search:
+  """Compiles the config (unless `plan`), then, if it does not fit, each candidate until one
+  does; `log` hears of each compile."""
+  given = None if plan else attempt(c, topology, num_classes, {})
+  out = Search(given, [])
+  if given is not None:
+    log(f"compiled the config in {given.compile_s:.0f} s: "
+        f"{'fits' if given.fits else 'does not fit'}")
+    if given.fits:
+      return out
+  for overrides in candidates(c, topology.chips, plan):
+    try:
+      a = attempt(c, topology, num_classes, overrides)
+    except ConfigError:  # A mesh or batch this slice cannot take: not a candidate.
+      continue
+    out.tried.append(a)
+    log(f"tried {' '.join(a.flags()) or 'the config as given'} in {a.compile_s:.0f} s: "
+        f"{'fits' if a.fits else 'does not fit'}")
+    if a.fits:
+      break
+  return out
+
+
+def roofline(stats: StepStats, chip: tpu_specs.Chip, images: int) -> dict[str, Any]:
+  """A lower bound on the step's time per chip: its FLOPs at the chip's peak bfloat16 rate,
+  or its HBM traffic at the chip's bandwidth, whichever is longer (collectives and
+  everything else that overlaps or stalls left out). Not a measurement."""
+  compute_s = stats.flops / chip.peak_bf16_flops
+  memory_s = stats.bytes_accessed / chip.hbm_bytes_per_s
+  step_s = max(compute_s, memory_s)
+  return dict(step_s=step_s, compute_s=compute_s, memory_s=memory_s,
+              bound="compute" if compute_s >= memory_s else "HBM bandwidth",
+              images_per_s=images / step_s if step_s else None)
+
+
+def _step_dict(stats: StepStats | None, analytic: float, chip: tpu_specs.Chip,
+               images: int) -> dict[str, Any] | None:
+  if stats is None:
+    return None
+  return dataclasses.asdict(stats) | dict(
+      total_bytes=stats.total_bytes, analytic_flops=analytic,
+      roofline=roofline(stats, chip, images))
+
+
+def report(c: ml_collections.ConfigDict, topology: Topology, a: Attempt) -> dict[str, Any]:
+  """What `--compile_only` prints (`--json`: as it is), per chip unless named otherwise."""
+  chip, cfg = topology.chip, with_overrides(c, a.overrides)
+  forward = a.analytic_forward * a.micro_batch / topology.chips
+  out = dict(
+      topology=topology.name, jax_topology=topology.jax_name, num_slices=topology.num_slices,
+      chips=topology.chips, hosts=topology.hosts, device_kind=topology.device_kind,
+      model=cfg.model_name, dtype=cfg.dtype, batch_size=cfg.batch_size,
+      accum_steps=cfg.accum_steps, micro_batch=a.micro_batch,
+      per_chip_batch=a.micro_batch / topology.chips,
+      mesh=dict(data=a.mesh[0], fsdp=a.mesh[1]), remat=bool(cfg.model.remat),
+      hbm_capacity_bytes=chip.hbm_bytes, peak_bf16_flops=chip.peak_bf16_flops,
+      hbm_bytes_per_s=chip.hbm_bytes_per_s, chip_source=chip.source,
+      fits=a.fits, over_bytes=max(a.over_bytes, 0), error=a.error,
+      overrides=a.flags(), compile_s=a.compile_s,
+      train=_step_dict(a.train, 3 * forward, chip, a.micro_batch),
+      eval=_step_dict(a.eval, forward, chip, a.micro_batch))
+  if a.train is not None:
+    out["eval"]["resident_bytes"] = eval_resident_bytes(a.train, a.eval)
+  return out
+
+
+def _gib(n: float) -> str:
+  return f"{n / tpu_specs.GiB:.2f} GiB" if n >= tpu_specs.GiB / 10 else f"{n / 2**20:.1f} MiB"
+
+
+def _hbm_line(name: str, s: dict[str, Any], capacity: int, total: int) -> str:
+  aliased = (f" ({_gib(s['alias_bytes'])} of them its donated arguments)"
+             if s["alias_bytes"] else "")
+  return (f"  {name}: arguments {_gib(s['argument_bytes'])}, outputs {_gib(s['output_bytes'])}"
+          f"{aliased}, temporaries {_gib(s['temp_bytes'])}; total {_gib(total)} "
+          f"({total / capacity:.0%} of {_gib(capacity)})")
+
+
+def _flops_line(name: str, s: dict[str, Any], remat: bool, capacity: int) -> str:
+  ratio = s["flops"] / s["analytic_flops"] if s["analytic_flops"] else float("nan")
+  why = " (remat recomputes the forward: ~4/3 expected)" if remat and name == "train" else ""
+  if not why and ratio > 1.05:
+    why = (" (HBM nearly full: XLA's own rematerialisation recomputes activations to fit)"
+           if s["total_bytes"] > 0.8 * capacity else
+           " (elementwise work the analytic count leaves out: norms, softmax, GELU, the loss)")
+  return (f"  {name}: {s['flops'] / 1e12:.3f} TFLOP (XLA) vs {s['analytic_flops'] / 1e12:.3f} "
+          f"analytic, {ratio:.2f}x{why}")
+
+
+def _collective_line(name: str, s: dict[str, Any]) -> str:
+  parts = [f"{k} {v['ops']} ops {v['bytes'] / 2**20:,.1f} MiB"
+           for k, v in s["collectives"].items()]
+  return f"  {name}: {', '.join(parts) or 'none'}"
+
+
+def _header(r: dict[str, Any]) -> list[str]:
+  slices = f", {r['num_slices']} slices" if r["num_slices"] > 1 else ""
+  hosts = f"{r['hosts']} host{'s' * (r['hosts'] > 1)}"
+  return [f"{r['topology']} ({r['jax_topology']}{slices}): {r['chips']} chips "
+          f"({r['device_kind']}), {hosts}",
+          f"{r['model']} in {r['dtype']}, batch {r['batch_size']} (micro-batch "
+          f"{r['micro_batch']}, {r['per_chip_batch']:g} per chip), mesh data="
+          f"{r['mesh']['data']} x fsdp={r['mesh']['fsdp']}, remat {'on' if r['remat'] else 'off'}"]
+
+
+def format_report(r: dict[str, Any]) -> str:
+  """The report as lines for a person."""
+  lines = _header(r)
+  if r["train"] is None:
+    return "\n".join(lines + [f"does not compile within HBM: {r['error']}"])
+  cap = r["hbm_capacity_bytes"]
+  lines += ["HBM per chip:", _hbm_line("train", r["train"], cap, r["train"]["total_bytes"]),
+            _hbm_line("eval ", r["eval"], cap, r["eval"]["total_bytes"]),
+            "  while evaluating, with the train state resident: "
+            + _gib(r["eval"]["resident_bytes"]),
+            "FLOPs per chip per step:", _flops_line("train", r["train"], r["remat"], cap),
+            _flops_line("eval", r["eval"], False, cap),
+            "Collectives per step (ops in the compiled program, their results' bytes):",
+            _collective_line("train", r["train"]), _collective_line("eval", r["eval"])]
+  roof = r["train"]["roofline"]
+  lines += [f"Roofline bound, not a measurement (peak {r['peak_bf16_flops'] / 1e12:g} TFLOP/s "
+            f"bf16, {r['hbm_bytes_per_s'] / 1e9:,.0f} GB/s HBM per chip; {r['chip_source']}):",
+            f"  train step >= {roof['step_s'] * 1e3:,.1f} ms ({roof['bound']} bound: compute "
+            f"{roof['compute_s'] * 1e3:,.1f} ms, HBM {roof['memory_s'] * 1e3:,.1f} ms for the "
+            "bytes XLA counts accessed), "
+            f"<= {roof['images_per_s']:,.0f} images/s",
+            f"Compiled train and eval steps in {r['compile_s']:.0f} s."]
+  return "\n".join(lines)
