@@ -110,6 +110,15 @@ def test_plan_chooses_the_mesh_and_remat():
   assert use.startswith("Use: --config.mesh.data=-1 --config.mesh.fsdp=")
 
 
+@needs_libtpu
+def test_a_plan_for_a_config_that_cannot_run_names_its_field_not_the_slice():
+  result = train_cli("--plan", "--topology", "v5e:2x2", "--config.total_steps=1",
+                     "--config.warmup_steps=5")
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines()[-1] == (
+      "error: config.warmup_steps=5: must be in [0, total steps=1]")
+
+
 def test_compile_only_needs_a_topology_and_no_workdir():
   result = train_cli("--compile_only")
   assert result.returncode == 2

@@ -342,16 +342,20 @@ def search(c: ml_collections.ConfigDict, topology: Topology, num_classes: int,
         f"{'fits' if given.fits else 'does not fit'}")
     if given.fits:
       return out
+  refused = []
   for overrides in candidates(c, topology.chips, plan):
     try:
       a = attempt(c, topology, num_classes, overrides)
-    except ConfigError:  # A mesh or batch this slice cannot take: not a candidate.
+    except ConfigError as e:  # A mesh or batch this slice cannot take: not a candidate.
+      refused.append(e)
       continue
     out.tried.append(a)
     log(f"tried {' '.join(a.flags()) or 'the config as given'} in {a.compile_s:.0f} s: "
         f"{'fits' if a.fits else 'does not fit'}")
     if a.fits:
       break
+  if given is None and refused and not out.tried:  # A plan: the config itself is refused.
+    raise refused[0]
   return out
 
 
