@@ -5,7 +5,11 @@ XLA beside the analytic count, and the roofline bound on images/s and on days fo
 of ImageNet-21k, beside the paper's own cost. A markdown table on stdout.
 
     PYTHONPATH=. python benchmarks/tpu_compile_table.py [--configs b32,b16] \
-        [--slices v4-32,v5litepod-64] [--json_out FILE]
+        [--slices v4-32,v5litepod-64] [--rows FILE]
+
+With --rows, each row is appended to FILE (one JSON object a line) as soon as it is compiled,
+rows already there are not compiled again, and the table shows every row of the file: a long
+table can be built over several runs.
 
 Each compile of a ViT-B takes minutes on 2 CPU cores, ViT-H longer; a config that does not
 fit compiles its candidate fixes too (compile_check.MAX_CANDIDATES at most).
@@ -82,12 +86,21 @@ def main() -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--configs", default=",".join(CONFIGS))
   p.add_argument("--slices", default=",".join(SLICES))
-  p.add_argument("--json_out", help="every row's full report, as JSON")
+  p.add_argument("--rows", help="a JSON-lines file of rows: appended to, and read back")
   args = p.parse_args()
-  rows = [row(c, s) for c in args.configs.split(",") for s in args.slices.split(",")]
-  if args.json_out:
-    with open(args.json_out, "w") as f:
-      json.dump(rows, f, indent=1)
+  rows = []
+  if args.rows and os.path.exists(args.rows):
+    with open(args.rows) as f:
+      rows = [json.loads(line) for line in f if line.strip()]
+  done = {(r["config"], r["slice"]) for r in rows}
+  for name in args.configs.split(","):
+    for slice_name in args.slices.split(","):
+      if (name, slice_name) in done:
+        continue
+      rows.append(row(name, slice_name))
+      if args.rows:
+        with open(args.rows, "a") as f:
+          f.write(json.dumps(rows[-1]) + "\n")
   print(table(rows))
 
 

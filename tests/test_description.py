@@ -18,7 +18,7 @@ from vit_jax.checkpoint import run
 from vit_jax.data import preprocess as pp
 from vit_jax.evaluators import fewshot_lsr
 from vit_jax.serving import convert, formats, runners
-from vit_jax.train import loop, sharding
+from vit_jax.train import config as config_lib, loop, run_setup, sharding
 
 # A run trained on [0, 255] -> [0, 1], not the default [-1, 1]: what exports used to ignore.
 VALUE_RANGE = (0.0, 1.0)
@@ -222,7 +222,7 @@ def _mean_std_npz(tmp_path, dataset) -> str:
   """A checkpoint of the tiny run's model whose description states the Hub's mean and std."""
   import jax
   c = tiny_config(dataset)
-  model = loop.build_model(c, 10)
+  model = run_setup.build_model(c, 10)
   params = model.init(jax.random.key(0), np.zeros((1, 28, 28, 3), np.float32))["params"]
   described = checkpoint.Description(
       model=models.registry.described_fields(model), model_name=c.model_name, image_size=28,
@@ -235,15 +235,15 @@ def test_fine_tuning_takes_mean_and_std_of_its_starting_checkpoint(tmp_path):
   dataset = ("fashion_mnist", str(tmp_path / "tfds"))  # Only the configs: nothing is read.
   path = _mean_std_npz(tmp_path, dataset)
   c = tiny_config(dataset, pretrained=path)
-  loop.resolve_value_range(c)
+  run_setup.resolve_value_range(c)
   assert (c.data.value_range, c.data.mean, c.data.std) == (None, IMAGENET_MEAN, IMAGENET_STD)
-  loop.config_lib.validate(c)
+  config_lib.validate(c)
   # The run's own checkpoints describe what it trained with (its eval crop, bilinear).
   assert checkpoint.Preprocessing.from_data_config(c.data) == checkpoint.Preprocessing(
       mean=IMAGENET_MEAN, std=IMAGENET_STD)
   c = tiny_config(dataset, pretrained=path, **{"data.mean": IMAGENET_MEAN,
                                                "data.std": IMAGENET_STD})
-  loop.resolve_value_range(c)  # The same values, given: agreed.
+  run_setup.resolve_value_range(c)  # The same values, given: agreed.
   for field, value, records in (("value_range", (-1.0, 1.0), r"normalisation 'mean \(0.485"),
                                 ("mean", (0.5, 0.5, 0.5), r"mean \(0.485, 0.456, 0.406\)")):
     c = tiny_config(dataset, pretrained=path, **{f"data.{field}": value})
@@ -251,7 +251,7 @@ def test_fine_tuning_takes_mean_and_std_of_its_starting_checkpoint(tmp_path):
       c.data.std = IMAGENET_STD
     with pytest.raises(checkpoint.DescriptionMismatch,
                        match=rf"config.data.{field} .* disagrees with .*{records}"):
-      loop.resolve_value_range(c)
+      run_setup.resolve_value_range(c)
 
 
 @pytest.mark.slow

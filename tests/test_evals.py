@@ -1,16 +1,20 @@
-"""Evaluations beside a run's own (config.evals): ImageNet ReaL's scoring of label sets on a
-hand-made case, its labels from a TFDS example, label sets through the eval pipeline's
-padding, and an extra evaluation wired into a run."""
-import jax
+"""Evaluators (config.evals, evaluators/registry.py): ImageNet ReaL's scoring of label sets on
+a hand-made case, its labels from a TFDS example, label sets through the eval pipeline's
+padding, an extra evaluation wired into a run, an evaluator of the user's run by a training
+run with no file of the package changed, and the forms config.evals replaced refused with
+their translation."""
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import tiny_config
+from helpers import read_scalars, run_cli, tiny_config
 from vit_jax import data
 from vit_jax.config_errors import ConfigError
 from vit_jax.data import pipeline, sources, tasks
-from vit_jax.evaluators import classification
+from vit_jax.evaluators import classification, registry
 from vit_jax.train import config as config_lib, sharding
 
 
@@ -69,17 +73,111 @@ def test_label_sets_go_through_the_eval_pipeline_padded(monkeypatch):
   assert not labels[5:].any()
 
 
-def test_an_unknown_evaluation_is_named():
-  c = tiny_config(("fashion_mnist", None), evals=("imagenet_reel",))
-  with pytest.raises(ConfigError, match="unknown evaluation 'imagenet_reel': one of"):
+def test_an_unknown_evaluator_type_is_named():
+  c = tiny_config(("fashion_mnist", None))
+  c.evals.reel = {"type": "imagenet_reel"}
+  with pytest.raises(ConfigError, match=r"config.evals.reel.type='imagenet_reel': unknown "
+                                        r"evaluator type 'imagenet_reel': one of \["):
     config_lib.validate(c)
+  c.evals.reel = {"type": "imagenet_real", "splt": "test"}
+  with pytest.raises(ConfigError, match="config.evals.reel.splt='test': unknown field; did you "
+                                        "mean split?"):
+    config_lib.validate(c)
+  c.evals.reel = {"type": "fewshot"}
+  with pytest.raises(ConfigError, match=r"config.evals.reel.datasets=\(\): name one or more"):
+    config_lib.validate(c)
+
+
+def test_every_row_of_the_registry_makes_a_valid_entry():
+  for type_name, (_, fixed) in registry.EVALUATORS.items():
+    entry = registry.entry_config(type_name)
+    assert entry.type == type_name and entry.every_steps is None and entry.at_end
+    assert all(entry[k] == v for k, v in fixed.items())
+  assert set(config_lib.base_config().evals) == {registry.MAIN}
+
+
+def test_the_forms_config_evals_replaced_are_refused_with_their_translation(tmp_path):
+  """The tuple of names and triples, and config.fewshot, from a config file and from the
+  command line: one line that gives the new form."""
+  old = "('imagenet_real', ('minival', 'imagenet2012', 'train[99%:]'))"
+  want = ("{'eval': {'type': 'classification'}, 'imagenet_real': {'type': 'imagenet_real'}, "
+          "'minival': {'type': 'classification', 'dataset': 'imagenet2012', "
+          "'split': 'train[99%:]'}}")
+  config_file = tmp_path / "old.py"
+  config_file.write_text(textwrap.dedent(f"""
+      from vit_jax.configs import quickstart
+      def get_config():
+        c = quickstart.get_config()
+        c.evals = {old}
+        return c
+      """))
+  fewshot_file = tmp_path / "old_fewshot.py"
+  fewshot_file.write_text(config_file.read_text().replace(f"c.evals = {old}",
+                                                          "c.fewshot.datasets = ('mnist',)"))
+  moved = "config.evals.NAME = {'type': 'fewshot'"
+  for config, override, wanted in (("quickstart", f"--config.evals={old}", want),
+                                   (str(config_file), None, want),
+                                   ("quickstart", "--config.fewshot.datasets=mnist", moved),
+                                   (str(fewshot_file), None, moved)):
+    result = run_cli([sys.executable, "-m", "vit_jax.tools.train", "--config", config,
+                      "--workdir", str(tmp_path / "w"), *([override] if override else [])])
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and wanted in errors[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.slow
 def test_an_extra_evaluation_runs_beside_the_runs_own(tmp_path, dataset):
   from vit_jax.train import loop
-  c = tiny_config(dataset, total_steps=2, evals=(("again", dataset[0], "test[:256]"),))
+  c = tiny_config(dataset, total_steps=2)
+  c.evals.again = registry.entry_config("classification", dataset=dataset[0], split="test[:256]")
   metrics = loop.train_and_evaluate(c, str(tmp_path))
   assert metrics["again_num_examples"] == metrics["num_examples"] == 256
   assert metrics["again_accuracy"] == metrics["accuracy"]
   assert metrics["again_loss"] == pytest.approx(metrics["loss"], rel=1e-6)
+
+
+_USER_EVALUATOR = """
+import jax
+import ml_collections
+import numpy as np
+
+CALLS = []
+
+def default_config():
+  return ml_collections.ConfigDict(dict(scale=1.0))
+
+class _NormOfParams:
+  def __init__(self, scale):
+    self.scale = scale
+
+  def run(self, params):
+    CALLS.append(1)
+    norm = np.sqrt(sum(float(np.sum(np.square(x))) for x in jax.tree.leaves(params)))
+    return {"param_norm": self.scale * norm}
+
+def create(cfg, run):
+  assert run.batch_size > 0 and run.model.num_classes == 10
+  return _NormOfParams(cfg.scale)
+"""
+
+
+@pytest.mark.slow
+def test_an_evaluator_of_the_users_runs_in_a_training_run(tmp_path, dataset, monkeypatch):
+  """A module of the user's, named by its path in config.evals, with no file of the package
+  changed: built from its fields, run on its own schedule, its metrics written and returned."""
+  package = tmp_path / "my_evals"
+  package.mkdir()
+  (package / "__init__.py").write_text("")
+  (package / "norm.py").write_text(_USER_EVALUATOR)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  from vit_jax.train import loop
+  c = tiny_config(dataset, total_steps=4, **{"data.eval_split": "test[:64]"})
+  c.evals.norm = {"type": "my_evals.norm", "scale": 2.0, "every_steps": 2, "at_end": False}
+  metrics = loop.train_and_evaluate(c, str(tmp_path / "run"))
+  import my_evals.norm
+  assert len(my_evals.norm.CALLS) == 2  # Steps 2 and 4; not again at the end.
+  written = read_scalars(tmp_path / "run", "norm_param_norm")
+  assert sorted(written) == [2, 4] and written[4] == pytest.approx(metrics["norm_param_norm"])
+  assert metrics["norm_param_norm"] > 0 and metrics["num_examples"] == 64

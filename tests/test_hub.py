@@ -256,7 +256,7 @@ def test_gated_and_missing_repos_online(capsys, hub_cache, monkeypatch):
 def test_fine_tuning_from_the_hub_takes_its_gelu_fc_norm_and_normalisation(tmp_path, hub_cache,
                                                                          dataset):
   from helpers import tiny_config
-  from vit_jax.train import loop
+  from vit_jax.train import loop, run_setup
   _, folder, config = timm_repo(tmp_path, "gap_fc_norm")
   write_repo(hub_cache, "timm/gap", {f: folder / f for f in os.listdir(folder)})
   tiny_vit = dict(patch_size=16, hidden_size=192, mlp_dim=768, num_heads=3, num_layers=12,
@@ -271,4 +271,4 @@ def test_fine_tuning_from_the_hub_takes_its_gelu_fc_norm_and_normalisation(tmp_p
   # A config that says otherwise is refused, naming the field.
   c = tiny_config(dataset, pretrained="hf-hub:timm/gap", **{"model.gelu": "tanh"})
   with pytest.raises(checkpoint.DescriptionMismatch, match="config.model.gelu 'tanh'"):
-    loop.inherit_model_fields(c, checkpoint.describe("hf-hub:timm/gap"))
+    run_setup.inherit_model_fields(c, checkpoint.describe("hf-hub:timm/gap"))

@@ -63,9 +63,9 @@ def parse_finetune_command(command: str, monkeypatch):
 
 def assert_finetuning_loads_the_file(command: str, monkeypatch, num_classes: int = 10):
   """The command's model takes the file's arrays: what `main` does before its first step."""
-  from vit_jax.train import loop
+  from vit_jax.train import run_setup
   c = parse_finetune_command(command, monkeypatch)
-  model = loop.build_model(c, num_classes)
+  model = run_setup.build_model(c, num_classes)
   size = c.data.image_size
   abstract = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, size, size, 3)))
   params = checkpoint.load_params(c.pretrained, abstract["params"])

@@ -81,13 +81,13 @@ def test_only_the_adapters_and_the_head_train():
 
 
 def test_a_pretrained_checkpoint_gets_new_adapters(tmp_path):
-  from vit_jax.train import loop
+  from vit_jax.train import run_setup
   plain = models.create_model("ViT-Ti_16", num_classes=5, **TINY_VIT)
   base = checkpoint.flatten(adapted_params(plain))
   checkpoint.save_npz(str(tmp_path / "base.npz"), checkpoint.unflatten(base))
   model = models.create_model("ViT-Ti_16", num_classes=5, **TINY_VIT, **LORA)
-  params = checkpoint.flatten(loop._pretrained_params(model, str(tmp_path / "base.npz"),
-                                                      jax.random.key(0), (32, 32, 3)))
+  params = checkpoint.flatten(run_setup.load_pretrained(model, str(tmp_path / "base.npz"),
+                                                        jax.random.key(0), (32, 32, 3)))
   assert set(params) - set(base) == {k for k in params if lora.is_adapter(k)}
   for name, value in base.items():
     np.testing.assert_array_equal(params[name], value, err_msg=name)

@@ -169,13 +169,13 @@ def test_patterns_that_freeze_everything_are_refused_and_a_partial_freeze_is_cou
 
 def test_a_checkpoint_from_before_these_fields_still_resumes(tmp_path, dataset):
   """Its metadata lacks optimizer.layer_decay, lr_mults and frozen: off, they change nothing."""
-  from vit_jax.train import loop
+  from vit_jax.train import run_setup
   c = tiny_config(dataset, total_steps=4)
-  wanted = loop.run_meta(c, 10, 4, 2)
+  wanted = run_setup.run_meta(c, 10, 4, 2)
   found = copy.deepcopy(wanted)
   for field in ("layer_decay", "lr_mults", "frozen"):
     del found["trajectory"]["optimizer"][field]
   checkpoint.run.check_resumable(found, wanted, str(tmp_path))
   c.optimizer.layer_decay = 0.75
   with pytest.raises(checkpoint.CheckpointError, match="optimizer.layer_decay: checkpoint None"):
-    checkpoint.run.check_resumable(found, loop.run_meta(c, 10, 4, 2), str(tmp_path))
+    checkpoint.run.check_resumable(found, run_setup.run_meta(c, 10, 4, 2), str(tmp_path))

@@ -100,3 +100,31 @@ def test_functions_stay_short():
           for p in files for n in ast.walk(ast.parse(p.read_text()))
           if isinstance(n, ast.FunctionDef) and n.end_lineno - n.lineno + 1 > 50]
   assert not long, long
+
+
+MAX_PROJECT_IMPORTS = 10
+
+
+def _is_module(name: str) -> bool:
+  path = REPO.joinpath(*name.split("."))
+  return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def project_imports(path: pathlib.Path) -> set[str]:
+  """The package's modules that `path` imports (`from vit_jax.train import a, b` is two),
+  TYPE_CHECKING's and functions' imports included: what a reader must know to follow it."""
+  here = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+  out = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      out |= {a.name for a in node.names}
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      out |= {f"{node.module}.{a.name}" if _is_module(f"{node.module}.{a.name}") else node.module
+              for a in node.names}
+  return {m for m in out if part(m) and m != here}
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(REPO)))
+def test_no_module_imports_more_than_ten_of_the_package(path):
+  found = project_imports(path)
+  assert len(found) <= MAX_PROJECT_IMPORTS, sorted(found)

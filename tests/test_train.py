@@ -16,10 +16,10 @@ from vit_jax.train import loop
 
 @pytest.mark.slow
 def test_loss_goes_down_and_eval_counts_every_example(tmp_path, dataset):
-  c = tiny_config(dataset, total_steps=150, **{
-      "data.eval_split": "test[:1000]", "fewshot.datasets": (dataset[0],),
-      "fewshot.data_dir": dataset[1], "fewshot.train_split": "train[:1000]",
-      "fewshot.test_split": "test[:500]", "fewshot.shots": (1, 10), "fewshot.seeds": 2})
+  c = tiny_config(dataset, total_steps=150, **{"data.eval_split": "test[:1000]"})
+  c.evals.fewshot = dict(type="fewshot", datasets=(dataset[0],), data_dir=dataset[1],
+                         train_split="train[:1000]", test_split="test[:500]", shots=(1, 10),
+                         seeds=2)
   metrics = loop.train_and_evaluate(c, str(tmp_path))
   name = dataset[0]
   assert metrics[f"fewshot_{name}_1shot"] < metrics[f"fewshot_{name}_10shot"]
@@ -182,7 +182,8 @@ def test_config_covers_every_model_field():
 def test_cli_overrides_model_fields(tmp_path, dataset):
   result = run_cli(cli(tmp_path, dataset, "--config.total_steps=2", "--config.model.num_layers=1",
                        "--config.model.classifier=gap", "--config.model.dropout=0.1",
-                       "--config.model.remat=True", "--config.fewshot.shots=(1, 2)"))
+                       "--config.model.remat=True", "--config.data.inception_area=(0.1, 1.0)",
+                       "--config.evals.eval.every_steps=1"))
   assert result.returncode == 0, result.stderr[-3000:]
   assert "Final evaluation: accuracy=" in result.stdout
 

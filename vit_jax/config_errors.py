@@ -1,11 +1,16 @@
-"""ConfigError and the one way every config field is checked: the message names the
-field, the value and what would be right."""
+"""InputError, what the user gave being wrong; ConfigError and the one way every config field
+is checked: the message names the field, the value and what would be right."""
 import difflib
 from collections.abc import Iterable
 from typing import Any
 
 
-class ConfigError(ValueError):
+class InputError(ValueError):
+  """Something the user gave (a config field, a checkpoint, a dataset option, a workdir) is
+  wrong: a command says it in one line, exit status 2, no traceback."""
+
+
+class ConfigError(InputError):
   """A config field that is unknown or wrong, found before anything compiles."""
 
 

@@ -2,17 +2,17 @@
 a checkpoint records about itself (`description`), and one loader from any checkpoint path
 to arrays and description, or to a model with params (`loader`)."""
 from vit_jax.checkpoint.description import (Description, DescriptionMismatch, Preprocessing,
-                                            check_option)
+                                            check_option, output_of_loss)
 from vit_jax.checkpoint.loader import (Loaded, describe, export_adapters, export_npz,
                                        from_arrays, load, load_params, read)
 from vit_jax.checkpoint.npz import (POSEMB_KEY, CheckpointError, arrays_sha256, fit_to_target,
                                     flatten, infer_model_config, load_npz, load_npz_flat, read_npz,
                                     resize_posemb, save_npz, unflatten)
-from vit_jax.checkpoint.run import latest_step_dir, read_params, read_step
+from vit_jax.checkpoint.run import latest_step_dir, make_meta, read_params, read_step
 
 __all__ = [
     "CheckpointError", "Description", "arrays_sha256", "DescriptionMismatch", "Loaded", "POSEMB_KEY",
     "Preprocessing", "check_option", "describe", "export_adapters", "export_npz", "fit_to_target", "flatten", "from_arrays",
     "infer_model_config", "latest_step_dir", "load", "load_npz", "load_npz_flat", "load_params",
-    "read", "read_npz", "read_params", "read_step", "resize_posemb", "save_npz", "unflatten",
+    "make_meta", "output_of_loss", "read", "read_npz", "read_params", "read_step", "resize_posemb", "save_npz", "unflatten",
 ]

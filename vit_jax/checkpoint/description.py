@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from vit_jax.config_errors import InputError
 from vit_jax.data import config as data_config
 # What the input preprocessing is (value range or mean and std, crop, interpolation) lives
 # beside the data transforms that apply it; checkpoint.Preprocessing is the same class.
@@ -35,7 +36,7 @@ OUTPUTS = ("softmax", "sigmoid")
 _OUTPUT_OF_LOSS = {"softmax_xent": "softmax", "sigmoid_xent": "sigmoid"}
 
 
-class DescriptionMismatch(ValueError):
+class DescriptionMismatch(InputError):
   """A command's explicit option says otherwise than the checkpoint's description."""
 
 

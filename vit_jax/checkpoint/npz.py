@@ -23,6 +23,7 @@ import numpy as np
 from etils import epath
 from flax import traverse_util
 
+from vit_jax.config_errors import InputError
 from vit_jax.checkpoint import description as description_lib
 from vit_jax.checkpoint import patch_resize
 from vit_jax.models import posemb_resize
@@ -38,7 +39,7 @@ _NEW_TO_OLD_BLOCK_NAMES = {
 }
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
   """A checkpoint that cannot be read, or does not fit the model."""
 
 

@@ -19,13 +19,15 @@ import os
 import socket
 import time
 
+from vit_jax.config_errors import InputError
+
 LOCK_NAME = "lock"
 # How long a lock file that does not read as a lock yet (its creator between creating and
 # writing it) is read again before it counts as unreadable.
 READ_RETRY_S = 2.0
 
 
-class WorkdirInUse(ValueError):
+class WorkdirInUse(InputError):
   """The workdir is held by another process: one line naming it and what to do."""
 
 

@@ -14,6 +14,7 @@ _EXPORTS = {
     "get_data_config": "config",
     "prepare_fashion_mnist": "fashion_mnist",
     "train_iterator": "pipeline",
+    "value_range": "config",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from vit_jax.config_errors import InputError
 from vit_jax.data import fashion_mnist
 from vit_jax.data import preprocess
 from vit_jax.data import tasks
@@ -42,7 +43,7 @@ _HOW_TO_SUPPLY = (
     "ROOT/<split>/<class>/<image>.")
 
 
-class DataOptionError(ValueError):
+class DataOptionError(InputError):
   """Data that its options do not let the pipeline read. The message names the options as
   the config does; `worded(options)` as the caller's user sets them (CONFIG_OPTIONS' keys)."""
 

@@ -284,7 +284,7 @@ def _real_labels(f: Features) -> tf.Tensor:
   return tf.cast(hits > 0, tf.int64)
 
 
-# Datasets evaluated beside a run's own (config.evals), with no fine-tuning protocol.
+# Datasets evaluated beside a run's own (config.evals' presets), with no fine-tuning protocol.
 _EVAL_ONLY = (
     Task(name="evals/imagenet_real", suite="evals", group="evals",
          tfds_name="imagenet2012_real:1.0.0", num_classes=1000, train="", test="validation",
@@ -293,32 +293,12 @@ _EVAL_ONLY = (
          label=Label(_real_labels, "the raters' set of right classes (multi-hot)",
                      class_key="original_label")),
 )
-# config.evals' names: (data.name, split).
-EVALS = {
-    "imagenet_real": ("task:evals/imagenet_real", "validation"),
-    "imagenet_v2": ("imagenet_v2/matched-frequency:3.0.0", "test"),
-}
-
-
 def get(name: str) -> Task:
   """A task by its full name, the evaluation-only ones included."""
   found = {t.name: t for t in _EVAL_ONLY} | TASKS
   if name not in found:
     raise ValueError(f"unknown task {name!r}; tasks: {list(found)}")
   return found[name]
-
-
-def eval_spec(spec: str | tuple[str, str, str]) -> tuple[str, str, str]:
-  """A config.evals entry as (metric prefix, data.name, split): a name of EVALS, or the
-  triple itself."""
-  if isinstance(spec, str):
-    if spec not in EVALS:
-      raise ValueError(f"unknown evaluation {spec!r}: one of {sorted(EVALS)}, or "
-                       "(name, data.name, split)")
-    return (spec, *EVALS[spec])
-  if len(spec) != 3 or not all(isinstance(x, str) and x for x in spec):
-    raise ValueError(f"evaluation {spec!r}: expected (name, data.name, split)")
-  return tuple(spec)
 
 
 def custom(data_name: str) -> Task:

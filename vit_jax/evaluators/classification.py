@@ -1,11 +1,16 @@
-"""Top-1 / top-5 accuracy and loss over a full evaluation split."""
-from typing import Callable, Iterable
+"""Top-1 / top-5 accuracy and loss over a full evaluation split (config.evals type
+`classification`; `imagenet_real` and `imagenet_v2` are this on their datasets)."""
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
-from vit_jax import losses
+from vit_jax import data, losses
+
+if TYPE_CHECKING:
+  from vit_jax.evaluators.registry import Run
 
 
 def label_set_sums(logits: jax.Array, label_sets: jax.Array, mask: jax.Array
@@ -68,3 +73,19 @@ class ClassificationEvaluator:
     total = jax.tree.map(lambda x: float(np.asarray(x)), total)
     count = total.pop("count")
     return {k: v / count for k, v in total.items()} | {"num_examples": count}
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """A dataset and split (None: the run's config.data.name and eval_split), read as the
+  run's evaluation reads its own."""
+  return ml_collections.ConfigDict(dict(
+      dataset=ml_collections.FieldReference(None, field_type=str),
+      split=ml_collections.FieldReference(None, field_type=str)))
+
+
+def create(cfg: ml_collections.ConfigDict, run: "Run") -> ClassificationEvaluator:
+  data_cfg = run.data.copy_and_resolve_references()
+  data_cfg.update(name=cfg.dataset or data_cfg.name, eval_split=cfg.split or data_cfg.eval_split)
+  return ClassificationEvaluator(
+      run.predict, lambda: run.watch(data.eval_iterator(
+          data_cfg, global_batch_size=run.batch_size, sharding=run.sharding)), run.loss)

@@ -7,17 +7,22 @@ on host) serves every l2 value: with n examples and d features, the n x n Gram
 matrix is decomposed when n <= d (the dual form), the d x d covariance otherwise.
 """
 import dataclasses
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import jax
+import ml_collections
 import numpy as np
 from jax.sharding import Sharding
 
 from vit_jax import data
 from vit_jax.checkpoint.description import Preprocessing
+from vit_jax.config_errors import check
+
+if TYPE_CHECKING:
+  from vit_jax.evaluators.registry import Run
 
 BIAS_CONSTANT = 100.0
-# The defaults of every few-shot entry point (config.fewshot, vit-fewshot, the notebook).
+# The defaults of every few-shot entry point (config.evals, vit-fewshot, the notebook).
 DEFAULT_SHOTS = (1, 5, 10, 25)
 DEFAULT_SEEDS = 3
 DEFAULT_L2 = tuple(2.0**k for k in range(-10, 20, 2))
@@ -194,3 +199,29 @@ class FewShotEvaluator:
 
   def run(self, params) -> dict[str, float]:
     return {f"{r.dataset}_{r.shots}shot": r.mean for r in self.run_detailed(params)}
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """config.evals type `fewshot`: probes on `datasets` (TFDS names or image folders) at
+  the run's image size and input contract."""
+  return ml_collections.ConfigDict(dict(
+      datasets=(), data_dir=ml_collections.FieldReference(None, field_type=str),
+      train_split="train", test_split="test", shots=DEFAULT_SHOTS, seeds=DEFAULT_SEEDS,
+      l2=DEFAULT_L2))
+
+
+def validate(cfg: ml_collections.ConfigDict, field: str) -> None:
+  check(bool(cfg.datasets), f"{field}.datasets", cfg.datasets, "name one or more datasets")
+  check(bool(cfg.l2) and min(cfg.l2) > 0, f"{field}.l2", cfg.l2, "values must be > 0")
+  check(bool(cfg.shots) and all(isinstance(k, int) and k > 0 for k in cfg.shots),
+        f"{field}.shots", cfg.shots, "must be positive integers")
+  check(cfg.seeds >= 1, f"{field}.seeds", cfg.seeds, "must be >= 1")
+
+
+def create(cfg: ml_collections.ConfigDict, run: "Run") -> FewShotEvaluator:
+  datasets = fewshot_datasets(cfg.datasets, cfg.data_dir, cfg.train_split, cfg.test_split,
+                              run.data.image_size, run.batch_size, run.sharding,
+                              run.preprocessing)
+  watched = {name: (lambda train=train: run.watch(train()), lambda test=test: run.watch(test()),
+                    classes) for name, (train, test, classes) in datasets.items()}
+  return FewShotEvaluator(representation_fn(run.model), watched, cfg.shots, cfg.seeds, cfg.l2)

@@ -20,6 +20,7 @@ One run at a time per workdir: WORKDIR/lock names the process that holds it, fro
 run writes there to its end; another run on the same workdir ends at once with status 2 and one
 line naming that process.
 """
+import ast
 import contextlib
 import json
 import logging
@@ -37,13 +38,13 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from vit_jax import configs, cpu_backend
-from vit_jax.config_errors import ConfigError, check_known
+from vit_jax.config_errors import ConfigError, InputError, check_known
 from vit_jax.tools import cli
 from vit_jax.train import stop_signals
 
 if TYPE_CHECKING:  # The library is imported once the flags are parsed.
   from vit_jax.checkpoint import workdir_lock
-  from vit_jax.train import loop
+  from vit_jax.train import compile_check, loop
 
 _STARTED = time.time()
 FLAGS = flags.FLAGS
@@ -112,17 +113,48 @@ def _config_file(argv: list[str]):
   return None if found is None else configs.get_config(found[2])
 
 
+def _moved_field(path: list[str], value: str) -> None:
+  """Raises ConfigError for an override of a field that moved (config.fewshot, the tuple
+  form of config.evals), saying where to."""
+  from vit_jax.train import config as config_lib
+  config_lib.check_not_moved(path[0], value)
+  if path == ["evals"]:
+    try:
+      old = ast.literal_eval(value)
+    except (SyntaxError, ValueError):
+      return
+    if isinstance(old, (tuple, list)):
+      config_lib.check_evals(old)
+
+
+def _moved_in_file(e: Exception) -> str | None:
+  """A config file's use of a field that moved, as the line that says where to: ml_collections
+  refuses `c.fewshot.x = ...` (no such field) and `c.evals = (...)` (not a dict) itself."""
+  old_evals = re.match(r"Could not override field 'evals' .*?\. (.*) is of original type", str(e))
+  try:
+    _moved_field([str(e).strip("'\"")], "...")
+    if old_evals:
+      _moved_field(["evals"], old_evals.group(1))
+  except ConfigError as moved:
+    return str(moved)
+  return None
+
+
 def _bad_override(argv: list[str]) -> str | None:
-  """Names the first `--config.a.b=...` whose field the config does not have, or what the
-  config's get_config said of its ARG."""
+  """Names the first `--config.a.b=...` whose field the config does not have (or has moved),
+  or what the config's get_config said of its ARG."""
   try:
     config = _config_file(argv)
   except ConfigError as e:  # The config file's own refusal (of `NAME:ARG`): its one line.
     return str(e)
-  except Exception:  # Reported by absl's own message instead.
-    return None
+  except Exception as e:  # Reported by absl's own message instead, unless a field moved.
+    return _moved_in_file(e)
   for arg in (a for a in argv if a.startswith("--config.")):
     node, path = config, arg[len("--config."):].split("=", 1)[0].split(".")
+    try:
+      _moved_field(path, arg.split("=", 1)[-1])
+    except ConfigError as e:
+      return str(e)
     for i, key in enumerate(path):
       if not hasattr(node, "keys"):
         break
@@ -458,7 +490,6 @@ def _remove_refused_workdir(workdir: str) -> None:
 
 
 def _train(jax, verbose: bool) -> None:
-  from vit_jax import checkpoint, data
   from vit_jax.train import loop
 
   process = jax.process_index()
@@ -475,8 +506,7 @@ def _train(jax, verbose: bool) -> None:
   try:
     with quiet:
       metrics = loop.train_and_evaluate(FLAGS.config, FLAGS.workdir, console or loop.Report())
-  except (ConfigError, checkpoint.CheckpointError, checkpoint.DescriptionMismatch,
-          data.DataOptionError, FileNotFoundError) as e:  # What the user gave: one line.
+  except (InputError, FileNotFoundError) as e:  # What the user gave: one line.
     if console:
       console.close()  # The bar's line ends before the error's.
     cli.fail(str(e))

@@ -17,7 +17,7 @@ import ml_collections
 from vit_jax import models
 from vit_jax.config_errors import ConfigError
 from vit_jax.evaluators.classification import ClassificationEvaluator
-from vit_jax.train import loop, trainer, tpu_specs
+from vit_jax.train import run_setup, trainer, tpu_specs
 
 # Classes of the datasets the shipped configs name: the compile check reads no data, and the
 # head's width is all it needs of the dataset (vit-train --num_classes sets it for others).
@@ -210,10 +210,10 @@ def with_overrides(c: ml_collections.ConfigDict, overrides: dict[str, Any]
   return c
 
 
-def _abstract_batch(job: "loop._Job", num_classes: int, train: bool) -> dict[str, Any]:
+def _abstract_batch(setup: "run_setup.RunSetup", num_classes: int, train: bool) -> dict[str, Any]:
   """A batch as data.train_iterator / eval_iterator give it: images float32, labels int32
   (float32 soft targets with mixup), eval's mask float32."""
-  c, n, sharding = job.config, job.micro_batch, job.batch_sharding
+  c, n, sharding = setup.config, setup.micro_batch, setup.batch_sharding
   size = c.data.image_size
   batch = {"image": jax.ShapeDtypeStruct((n, size, size, 3), jnp.float32, sharding=sharding)}
   if train and c.data.mixup_alpha:
@@ -226,19 +226,19 @@ def _abstract_batch(job: "loop._Job", num_classes: int, train: bool) -> dict[str
 
 
 def compile_steps(c: ml_collections.ConfigDict, topology: Topology, num_classes: int
-                  ) -> tuple["loop._Job", jax.stages.Compiled, jax.stages.Compiled]:
-  """The run's train step and evaluation step (loop's own functions), compiled for the
+                  ) -> tuple["run_setup.RunSetup", jax.stages.Compiled, jax.stages.Compiled]:
+  """The run's train step and evaluation step (run_setup's own functions, as the loop runs them), compiled for the
   topology from abstract shapes: no data, no weights."""
-  job = loop.job_on(c, num_classes, topology.devices)
+  setup = run_setup.setup_on(c, num_classes, topology.devices)
   init_rng, dropout_rng = jax.random.split(jax.random.key(c.seed))
   size = c.data.image_size
-  state, shardings = trainer.abstract_state(job.model, job.tx, job.mesh, (size, size, 3),
+  state, shardings = trainer.abstract_state(setup.model, setup.tx, setup.mesh, (size, size, 3),
                                             init_rng, ema=c.ema_decay is not None)
-  train = loop.train_step_fn(job, shardings, dropout_rng).lower(
-      state, _abstract_batch(job, num_classes, train=True)).compile()
-  evaluator = ClassificationEvaluator(loop.predict_fn(job.model), lambda: (), c.loss)
-  evaluate = evaluator.lower(state.params, _abstract_batch(job, num_classes, train=False))
-  return job, train, evaluate.compile()
+  train = run_setup.train_step_fn(setup, shardings, dropout_rng).lower(
+      state, _abstract_batch(setup, num_classes, train=True)).compile()
+  evaluator = ClassificationEvaluator(run_setup.predict_fn(setup.model), lambda: (), c.loss)
+  evaluate = evaluator.lower(state.params, _abstract_batch(setup, num_classes, train=False))
+  return setup, train, evaluate.compile()
 
 
 _SIZE = r"([\d.]+)([KMGT]?)"
@@ -267,9 +267,9 @@ def attempt(c: ml_collections.ConfigDict, topology: Topology, num_classes: int,
   import time
   t0 = time.time()
   cfg = with_overrides(c, overrides)
-  job = loop.job_on(cfg, num_classes, topology.devices)  # Config errors raise here.
-  out = Attempt(overrides, job.micro_batch, (job.mesh.shape["data"], job.mesh.shape["fsdp"]),
-                analytic_forward=forward_flops(job.model, cfg.data.image_size))
+  setup = run_setup.setup_on(cfg, num_classes, topology.devices)  # Config errors raise here.
+  out = Attempt(overrides, setup.micro_batch, (setup.mesh.shape["data"], setup.mesh.shape["fsdp"]),
+                analytic_forward=forward_flops(setup.model, cfg.data.image_size))
   try:
     _, train, evaluate = compile_steps(cfg, topology, num_classes)
   except jax.errors.JaxRuntimeError as e:

@@ -4,8 +4,7 @@ import ml_collections
 from vit_jax import data, losses, models
 from vit_jax.config_errors import check, check_known
 from vit_jax.data import config as data_config
-from vit_jax.data import tasks
-from vit_jax.evaluators import fewshot_lsr
+from vit_jax.evaluators import registry as evaluators
 from vit_jax.models import lora
 from vit_jax.train import optimizers
 
@@ -27,14 +26,6 @@ def _lora_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       rank=0, alpha=ml_collections.FieldReference(None, field_type=float),
       targets=lora.DEFAULT_TARGETS))
-
-
-def _fewshot_config() -> ml_collections.ConfigDict:
-  """Few-shot linear probes run with the evaluation (off while `datasets` is empty)."""
-  return ml_collections.ConfigDict(dict(
-      datasets=(), data_dir=ml_collections.FieldReference(None, field_type=str),
-      train_split="train", test_split="test", shots=fewshot_lsr.DEFAULT_SHOTS,
-      seeds=fewshot_lsr.DEFAULT_SEEDS, l2=fewshot_lsr.DEFAULT_L2))
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -66,10 +57,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.ema_decay = ml_collections.FieldReference(None, field_type=float)
   c.lora = _lora_config()
 
-  # Classification evaluations beside data.eval_split's, metrics prefixed by name: a name of
-  # data/tasks.py's EVALS ("imagenet_real", "imagenet_v2") or (name, data.name, split).
-  c.evals = ()
-  c.fewshot = _fewshot_config()
+  # Named evaluators (vit_jax/evaluators/registry.py): {name: {type, every_steps, at_end,
+  # ...the type's own fields}}; `eval` is the run's own, on data.eval_split. Each runs every
+  # `every_steps` (None: eval_every_steps) and at the end (at_end).
+  c.evals = ml_collections.ConfigDict({evaluators.MAIN: evaluators.entry_config("classification")})
 
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
   # How many XLA devices to split a CPU host into (None: JAX's default, one, or the count in
@@ -89,14 +80,39 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+# Fields that moved: the one line that says where to.
+MOVED = {
+    "fewshot": "few-shot probes are an evaluator now: config.evals.NAME = {'type': 'fewshot', "
+               "'datasets': (...), 'shots': ..., ...}, e.g. --config.evals=\"{'eval': {'type': "
+               "'classification'}, 'fewshot': {'type': 'fewshot', 'datasets': ('mnist',)}}\"",
+}
+
+
+def check_not_moved(field: str, value: object) -> None:
+  check(field not in MOVED, field, value, MOVED.get(field, ""))
+
+
+def check_evals(evals: object) -> None:
+  """config.evals' check; the tuple form it replaced is refused with its translation."""
+  if isinstance(evals, (tuple, list)):
+    try:
+      new = evaluators.from_old_form(evals)
+    except ValueError:
+      new = {evaluators.MAIN: {"type": "classification"}, "NAME": {"type": "..."}}
+    check(False, "evals", evals, f"config.evals is a dict of named evaluators now: "
+          f"--config.evals=\"{new}\"")
+  evaluators.validate(evals)
+
+
 def validate(c: ml_collections.ConfigDict) -> None:
   """Raises ConfigError naming the first wrong field."""
   known = base_config()
   for key in c.keys():
+    check_not_moved(key, c[key])
     check_known(key, c[key], known.keys())
   check(c.model_name in models.MODEL_CONFIGS, "model_name", c.model_name,
         f"unknown model; known: {', '.join(models.MODEL_CONFIGS)}")
-  for group in ("model", "optimizer", "fewshot", "mesh", "lora"):
+  for group in ("model", "optimizer", "mesh", "lora"):
     for key in c[group].keys():
       check_known(f"{group}.{key}", c[group][key], known[group].keys())
   check(c.dtype in DTYPES, "dtype", c.dtype, f"expected one of {DTYPES}")
@@ -110,11 +126,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   check(c.model.num_registers is None or c.model.num_registers >= 0, "model.num_registers",
         c.model.num_registers, "must be >= 0 (0: none)")
   check(c.ema_decay is None or 0 < c.ema_decay < 1, "ema_decay", c.ema_decay, "must be in (0, 1)")
-  for spec in c.evals:
-    try:
-      tasks.eval_spec(spec)
-    except ValueError as e:
-      check(False, "evals", c.evals, str(e))
+  check_evals(c.evals)
   _validate_lora(c.lora, c.pretrained)
   _validate_optimizer(c.optimizer)
   check(c.batch_size > 0, "batch_size", c.batch_size, "must be > 0")
@@ -132,12 +144,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
         c.stall_timeout_s, "must be None (automatic) or > 0 seconds")
   check(c.eval_every_steps is None or c.eval_every_steps >= 1, "eval_every_steps",
         c.eval_every_steps, "must be None or >= 1")
-  try:
-    fewshot_lsr.check_l2(c.fewshot.l2)
-  except ValueError:
-    check(False, "fewshot.l2", c.fewshot.l2, "values must be > 0")
-  check(all(isinstance(k, int) and k > 0 for k in c.fewshot.shots), "fewshot.shots",
-        c.fewshot.shots, "must be positive integers")
   data_config.validate(c.data)
 
 

@@ -1,0 +1,234 @@
+"""A training run's set-up: what the config, the dataset's sizes and config.pretrained's
+description fix before the first step (model, optimizer and schedule, mesh, batch, steps), the
+metadata a checkpoint must agree with to be resumed, and the steps that compile_check compiles.
+"""
+import dataclasses
+import json
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from vit_jax import checkpoint, data, models
+from vit_jax.models import lora
+from vit_jax.train import config as config_lib
+from vit_jax.train import optimizers, sharding, trainer
+
+
+def _model_overrides(c: ml_collections.ConfigDict) -> dict[str, Any]:
+  overrides = {k: v for k, v in c.model.items() if v is not None}
+  if c.lora.rank:
+    overrides |= dict(lora_rank=c.lora.rank, lora_alpha=c.lora.alpha,
+                      lora_targets=tuple(c.lora.targets))
+  return overrides
+
+
+def build_model(c: ml_collections.ConfigDict, num_classes: int) -> models.VisionTransformer:
+  return models.create_model(c.model_name, num_classes=num_classes,
+                             dtype=jnp.dtype(c.dtype), **_model_overrides(c))
+
+
+# Data fields that change no batch: where the data lives, how it is read, what is evaluated
+# (allow_class_mismatch only lets a run start; the train split's files are read either way).
+_DATA_FIELDS_OFF_TRAJECTORY = ("data_dir", "download", "eval_split", "cache", "cache_max_mb",
+                               "threads", "prefetch", "on_bad_image", "allow_class_mismatch")
+
+
+def _jsonable(tree: Any) -> Any:
+  return json.loads(json.dumps(tree, default=list))
+
+
+_REGULARISATION = ("dropout", "attention_dropout", "stochastic_depth")
+
+
+def _model_fields(c: ml_collections.ConfigDict) -> dict[str, Any]:
+  return models.model_config(c.model_name, **_model_overrides(c))
+
+
+def _architecture(c: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The model's fields that its parameters depend on (no regularisation, no remat)."""
+  return _jsonable({k: v for k, v in _model_fields(c).items()
+                    if k not in _REGULARISATION + ("remat", "attention_impl",
+                                                   "dynamic_image_size")})
+
+
+def run_meta(c: ml_collections.ConfigDict, num_classes: int, total_steps: int,
+             warmup_steps: int) -> dict[str, Any]:
+  """What a checkpoint must agree with to be resumed: the model and everything else that
+  changes the trajectory."""
+  data_fields = {k: v for k, v in c.data.items() if k not in _DATA_FIELDS_OFF_TRAJECTORY}
+  trajectory = dict(
+      seed=c.seed, dtype=c.dtype, loss=c.loss, label_smoothing=c.label_smoothing,
+      batch_size=c.batch_size, accum_steps=c.accum_steps, total_steps=total_steps,
+      warmup_steps=warmup_steps, optimizer=c.optimizer.to_dict(), data=data_fields,
+      ema_decay=c.ema_decay,
+      **{k: _model_fields(c).get(k, 0.0) for k in _REGULARISATION})
+  return checkpoint.make_meta(c.model_name, num_classes, _architecture(c), _jsonable(trajectory))
+
+
+def resolve_value_range(c: ml_collections.ConfigDict,
+                        parent: checkpoint.Description | None = None) -> None:
+  """Sets config.data's input normalisation where the config leaves it open (value_range,
+  mean and std all None): config.pretrained's, value range or mean and std as its description
+  records them, else the default value range. What the config sets must agree with the
+  former."""
+  fields = ("value_range", "mean", "std")
+  if c.pretrained:
+    parent = parent or checkpoint.describe(c.pretrained)
+    pre = parent.preprocessing
+    if "preprocessing" not in parent.assumed:
+      for field in fields:
+        given = c.data[field] and tuple(float(v) for v in c.data[field])
+        what, recorded = f"the input {field.replace('_', ' ')}", getattr(pre, field)
+        if given is not None and recorded is None:  # It records the other form.
+          what, recorded = "the input normalisation", pre.normalisation()
+        checkpoint.check_option(what, f"config.data.{field}", given, recorded,
+                                     c.pretrained)
+    if all(c.data[field] is None for field in fields):
+      c.data.value_range, c.data.mean, c.data.std = pre.value_range, pre.mean, pre.std
+  c.data.value_range = data.value_range(c.data)
+
+
+# Model fields that change what a checkpoint's weights compute without changing their shapes:
+# a fine-tuning run takes them from config.pretrained's description unless the config sets them.
+_INHERITED_MODEL_FIELDS = ("gelu", "fc_norm")
+
+
+def inherit_model_fields(c: ml_collections.ConfigDict, parent: checkpoint.Description) -> None:
+  for field in _INHERITED_MODEL_FIELDS:
+    recorded = parent.model.get(field)
+    checkpoint.check_option(f"the model's {field}", f"config.model.{field}",
+                                 c.model[field], recorded, c.pretrained)
+    if c.model[field] is None and recorded is not None:
+      c.model[field] = recorded
+
+
+def _abstract_params(model: models.VisionTransformer, image_size: int) -> Any:
+  images = jax.ShapeDtypeStruct((1, image_size, image_size, 3), jnp.float32)
+  return jax.eval_shape(model.init, jax.random.key(0), images)["params"]
+
+
+@dataclasses.dataclass
+class RunSetup:
+  """What the config and the dataset fix before the first step."""
+  config: ml_collections.ConfigDict
+  workdir: str
+  model: models.VisionTransformer
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
+  mesh: jax.sharding.Mesh
+  micro_batch: int
+  total_steps: int  # Optimizer updates.
+  warmup_steps: int
+  class_names: tuple[str, ...]
+  # LoRA runs: their adapters need this base, so its content is recorded (description).
+  parent_sha256: str | None = None
+
+  @property
+  def loop_steps(self) -> int:
+    """Train-step calls: optimizer updates x accum_steps."""
+    return self.total_steps * self.config.accum_steps
+
+  @property
+  def meta(self) -> dict[str, Any]:
+    return run_meta(self.config, self.model.num_classes, self.total_steps, self.warmup_steps)
+
+  @property
+  def description(self) -> checkpoint.Description:
+    """What every checkpoint of the run records about itself (`save` adds the step)."""
+    c = self.config
+    return checkpoint.Description(
+        model=_architecture(c), model_name=c.model_name, num_classes=self.model.num_classes,
+        image_size=c.data.image_size, class_names=self.class_names,
+        preprocessing=checkpoint.Preprocessing.from_data_config(c.data),
+        output=checkpoint.output_of_loss(c.loss), dataset=c.data.name,
+        parent=c.pretrained, parent_sha256=self.parent_sha256, config=_jsonable(c.to_dict()))
+
+  @classmethod
+  def from_config(cls, c: ml_collections.ConfigDict, workdir: str) -> "RunSetup":
+    config_lib.validate(c)
+    parent = checkpoint.describe(c.pretrained) if c.pretrained else None
+    resolve_value_range(c, parent)
+    if parent:
+      inherit_model_fields(c, parent)
+    info = data.dataset_info(c.data)
+    job = cls.build(c, workdir, info.num_classes, info.num_train_examples,
+                    tuple(info.class_names))
+    if c.lora.rank:
+      job.parent_sha256 = checkpoint.arrays_sha256(checkpoint.read(c.pretrained)[0])
+    return job
+
+  @classmethod
+  def build(cls, c: ml_collections.ConfigDict, workdir: str, num_classes: int,
+            num_train_examples: int, class_names: tuple[str, ...],
+            devices: Sequence[Any] | None = None) -> "RunSetup":
+    """The set-up of a validated config on a dataset of these sizes, its mesh over `devices`
+    (default: all of JAX's); `from_config` reads the sizes from the data."""
+    total_steps, warmup_steps = config_lib.resolve_steps(c, num_train_examples)
+    trained_only = lora.TRAINED if c.lora.rank else ()
+    tx, schedule = optimizers.make_optimizer(c.optimizer, total_steps, warmup_steps,
+                                             c.accum_steps, trained_only)
+    model = build_model(c, num_classes)
+    stride = model.stride
+    config_lib.check(c.data.image_size % stride == 0, "data.image_size", c.data.image_size,
+          f"not divisible by the model's patch stride {stride} ({c.model_name}); use a "
+          f"multiple of {stride}, e.g. {max(c.data.image_size // stride, 1) * stride}")
+    if c.optimizer.frozen:  # Refused now (patterns that freeze all), before anything is written.
+      optimizers.trained(_abstract_params(model, c.data.image_size), c.optimizer.frozen,
+                         trained_only)
+    mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, devices)
+    return cls(c, workdir, model, tx, schedule, mesh,
+               config_lib.micro_batch_size(c, mesh.size), total_steps, warmup_steps,
+               class_names)
+
+  @property
+  def batch_sharding(self) -> jax.sharding.NamedSharding:
+    return sharding.batch_sharding(self.mesh)
+
+  def pretrained_params(self, rng: jax.Array) -> Any:
+    """config.pretrained's params fitted to the model."""
+    size = self.config.data.image_size
+    return load_pretrained(self.model, self.config.pretrained, rng, (size, size, 3))
+
+  def trained(self, params: Any) -> Any:
+    """`params` with the frozen ones (and LoRA's base) None."""
+    c = self.config
+    mask = optimizers.trained(params, c.optimizer.frozen, lora.TRAINED if c.lora.rank else ())
+    return jax.tree.map(lambda p, t: p if t else None, params, mask)
+
+
+def load_pretrained(model: models.VisionTransformer, path: str, rng: jax.Array,
+                    image_shape: tuple[int, ...]) -> Any:
+  """`path`'s params fitted to `model`; LoRA adapters, which no checkpoint has, initialised."""
+  images = jnp.zeros((1,) + image_shape)
+  if not model.lora_rank:
+    return checkpoint.load_params(path, jax.eval_shape(model.init, rng, images)["params"])
+  fresh = checkpoint.flatten(jax.jit(model.init)(rng, images)["params"])
+  adapters = {k: v for k, v in fresh.items() if lora.is_adapter(k)}
+  base = checkpoint.unflatten({k: v for k, v in fresh.items() if k not in adapters})
+  return checkpoint.unflatten(checkpoint.flatten(checkpoint.load_params(path, base)) | adapters)
+
+
+def setup_on(c: ml_collections.ConfigDict, num_classes: int, devices: Sequence[Any]) -> RunSetup:
+  """The set-up of a run of the validated config `c` on `devices` (compile_check's): no data,
+  no workdir, no checkpoint read, so nothing that config.pretrained's description would
+  change. Epochs count as NOMINAL_EXAMPLES images: the schedule's length changes no compiled
+  shape or cost, only constants."""
+  return RunSetup.build(c, "", num_classes, NOMINAL_EXAMPLES, (), devices)
+
+
+NOMINAL_EXAMPLES = 10**9  # More than any dataset's: a config's warm-up always fits its epochs.
+
+
+def predict_fn(model: models.VisionTransformer) -> Callable:
+  """`(params, images) -> logits`, what the evaluators compile."""
+  return lambda params, images: model.apply({"params": params}, images)
+
+
+def train_step_fn(setup: RunSetup, shardings: trainer.TrainState, rng: jax.Array) -> Callable:
+  """The run's train step, jit-wrapped, not yet compiled."""
+  c = setup.config
+  return trainer.make_train_step(setup.model, setup.tx, c.loss, shardings, setup.mesh, rng,
+                                 c.label_smoothing, c.ema_decay, c.accum_steps)
