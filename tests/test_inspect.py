@@ -240,6 +240,15 @@ def test_a_hybrid_and_its_finetuning_overrides(tmp_path, capsys, monkeypatch):
   assert c.model.classifier == "gap" and c.model.resnet_layers == (1, 1, 1, 1)
 
 
+def test_register_tokens_are_in_the_finetuning_command(tmp_path, capsys, monkeypatch):
+  model = models.create_model("ViT-Ti_16", num_classes=10, num_registers=2, **TINY)
+  checkpoint.save_npz(str(tmp_path / "r.npz"), random_params(model, 28))
+  rc, out, _ = run_inspect(capsys, tmp_path / "r.npz")
+  command = out.split("fine-tune      ")[1].splitlines()[0]
+  assert rc == 0 and "--config.model.num_registers=2" in command
+  assert assert_finetuning_loads_the_file(command, monkeypatch).model.num_registers == 2
+
+
 def test_every_figure_is_written(tiny, tmp_path, capsys, digits_folder):
   rc, out, _ = run_inspect(capsys, tiny[0], "--json", "--figures", tmp_path,
                            "--images", digits_folder, "--num_images", "20", "--batch_size", "8")

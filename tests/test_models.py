@@ -1,4 +1,6 @@
-"""Named models: parameter counts, shapes, options, outputs, bad input."""
+"""Named models: parameter counts, shapes, options, outputs, bad input, their fields' roles."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -153,6 +155,34 @@ def test_dropout_is_active_only_in_training():
   a, b = (model.apply(variables, images, train=True, rngs={"dropout": jax.random.key(k)})
           for k in (0, 1))
   assert not np.allclose(a, b)
+
+
+def test_each_field_declares_its_role_and_the_lists_of_fields_follow():
+  """A field of the model is declared once, with its Role: the training config's model group,
+  checkpoint descriptions and a run's resume metadata hold the fields of their roles."""
+  from vit_jax import checkpoint
+  from vit_jax.train import config as config_lib, run_setup
+  Role, of = models.Role, lambda *roles: set(models.registry.fields_of(*roles))
+  fields = dataclasses.fields(models.VisionTransformer)
+  assert not [f.name for f in fields
+              if f.name not in ("parent", "name") and not isinstance(f.metadata.get("role"), Role)]
+  c = config_lib.base_config()
+  c.model_name, c.lora.rank = "ViT-Ti_16", 4
+  example = {int: 1, float: 0.5, bool: True, str: "x", tuple: (1,)}
+  for field, kind in config_lib.MODEL_FIELDS.items():  # Typed as the command line sets them.
+    c.model[field] = example[kind]
+  assert set(c.model) == of(Role.ARCHITECTURE, Role.LAYOUT, Role.COMPUTATION, Role.PRE_LOGITS,
+                            Role.INIT, Role.REGULARISATION, Role.RUNTIME)
+  assert [config_lib.MODEL_FIELDS[f] for f in ("representation_size", "resnet_layers",
+                                               "attention_impl")] == [int, tuple, str]
+  meta = run_setup.run_meta(c, num_classes=10, total_steps=1, warmup_steps=0)
+  assert set(meta["model"]) == of(Role.ARCHITECTURE, Role.LAYOUT, Role.COMPUTATION,
+                                  Role.PRE_LOGITS, Role.INIT, Role.LORA)
+  assert of(Role.REGULARISATION) <= set(meta["trajectory"])
+  model = models.create_model("ViT-Ti_16", num_classes=10)
+  described = checkpoint.Loaded.from_model(model, {}, 224, "code").description
+  assert set(described.model) == of(Role.ARCHITECTURE, Role.LAYOUT, Role.COMPUTATION,
+                                    Role.PRE_LOGITS)
 
 
 def test_unknown_model_lists_known_names():

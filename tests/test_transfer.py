@@ -40,13 +40,13 @@ def tiny_npz(tmp_path_factory) -> str:
 def test_jobs_select_on_minival_then_train_once_more():
   task = tasks.resolve_or_custom("fashion_mnist")[0]
   settings = protocol.Settings(lr_grid=(0.01, 0.03))
-  select, final = protocol.jobs("c.npz", task, settings, "/out")[:2], protocol.jobs(
+  select, final = protocol.fine_tunes("c.npz", task, settings, "/out")[:2], protocol.fine_tunes(
       "c.npz", task, settings, "/out", chosen=0.03)[-1]
   assert [(j.phase, j.lr) for j in select] == [("minival", 0.01), ("minival", 0.03)]
   assert (final.phase, final.lr) == ("test", 0.03)
   assert len({j.workdir for j in select + [final]}) == 3
-  assert protocol.jobs("c.npz", task, protocol.Settings(lr_grid=(0.01,)), "/out") == [
-      protocol.Job("c.npz", task, "test", 0.01, protocol.run_dir("/out", "c.npz", task, "test",
+  assert protocol.fine_tunes("c.npz", task, protocol.Settings(lr_grid=(0.01,)), "/out") == [
+      protocol.FineTune("c.npz", task, "test", 0.01, protocol.run_dir("/out", "c.npz", task, "test",
                                                                   0.01))]
   assert protocol.choose_lr({0.01: 0.5, 0.003: 0.7, 0.03: 0.7}) == 0.003  # Ties: the smaller.
 
@@ -266,7 +266,7 @@ def test_a_signal_between_jobs_stops_the_sweep_before_the_next(monkeypatch, tmp_
     results.append(protocol.task_dir(out_dir, job.checkpoint, job.task), row)
     return row
 
-  monkeypatch.setattr(sweep, "run_job", job_then_signal)
+  monkeypatch.setattr(sweep, "run_fine_tune", job_then_signal)
   suite = tasks.resolve_or_custom("fashion_mnist,mnist")
   with pytest.raises(stop_signals.Interrupted) as stopped:
     sweep.run([tiny_npz], suite, transfer.settings_of(transfer.parse_args(

@@ -1,7 +1,8 @@
 """Named model configurations, with the official model zoo's names."""
+import dataclasses
 from typing import Any
 
-from vit_jax.models.vit import VisionTransformer
+from vit_jax.models.vit import Role, VisionTransformer
 
 
 def _vit(patch: int, width: int, mlp: int, heads: int, layers: int, **kw) -> dict[str, Any]:
@@ -37,20 +38,26 @@ MODEL_CONFIGS: dict[str, dict[str, Any]] = {
 for _name in ("ViT-S_16", "ViT-B_16", "ViT-S_32", "ViT-B_32"):
   MODEL_CONFIGS[f"{_name}-gap-norep"] = dict(MODEL_CONFIGS[_name], classifier="gap")
 
-FIELDS = tuple(f for f in VisionTransformer.__dataclass_fields__
-                if f not in ("parent", "name", "name_in_registry"))
+
+def fields_of(*roles: Role) -> tuple[str, ...]:
+  """The names of VisionTransformer's fields of these roles, in declaration order."""
+  return tuple(f.name for f in dataclasses.fields(VisionTransformer)
+               if f.metadata.get("role") in roles)
 
 
+def fields_except(*roles: Role) -> tuple[str, ...]:
+  """The names of VisionTransformer's fields of any other role."""
+  return fields_of(*(set(Role) - set(roles)))
+
+
+# What a model may be built with: all but the name it is built under.
+FIELDS = fields_except(Role.INTERNAL)
 # The fields a model name fixes; the others (pooling, pre-logits, position embedding, head,
 # regularisation, numerics) vary between checkpoints of one architecture.
-ARCHITECTURE = ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers",
-                "resnet_layers", "resnet_width_factor")
-
-
+ARCHITECTURE = fields_of(Role.ARCHITECTURE)
 # What a checkpoint's description records of its model: the architecture and the fields that
 # decide what its parameters mean (pooling, pre-logits, position embedding).
-DESCRIBED = ARCHITECTURE + ("classifier", "fc_norm", "representation_size", "posemb",
-                            "num_registers", "gelu")
+DESCRIBED = fields_of(Role.ARCHITECTURE, Role.LAYOUT, Role.COMPUTATION, Role.PRE_LOGITS)
 
 
 def described_fields(model: VisionTransformer) -> dict[str, Any]:
@@ -74,9 +81,13 @@ def model_config(name: str, **overrides: Any) -> dict[str, Any]:
   return {**MODEL_CONFIGS[name], **overrides}
 
 
+def default(field: str) -> Any:
+  """A VisionTransformer field's default (dataclasses.MISSING for one without)."""
+  return VisionTransformer.__dataclass_fields__[field].default
+
+
 def architecture(fields: dict[str, Any]) -> dict[str, Any]:
   """The ARCHITECTURE part of model fields, defaults filled in."""
-  default = lambda k: VisionTransformer.__dataclass_fields__[k].default
   return {k: tuple(v) if isinstance(v, list) else v
           for k, v in ((k, fields.get(k, default(k))) for k in ARCHITECTURE)}
 

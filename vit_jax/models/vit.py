@@ -3,6 +3,8 @@
 Parameter names follow the released checkpoints (gs://vit_models), so an .npz
 from there maps onto `model.init(...)["params"]` key for key.
 """
+import dataclasses
+import enum
 from typing import Any, Optional, Sequence
 
 import flax.linen as nn
@@ -18,6 +20,27 @@ ATTENTION_IMPLS = (None, "auto", "xla", "cudnn")
 # The GELU of the MLPs: "tanh", the approximation the official code and big_vision train with
 # (flax's `nn.gelu` default), or "exact" (erf), the default of PyTorch, timm and transformers.
 GELUS = ("tanh", "exact")
+
+
+class Role(enum.Enum):
+  """What a `VisionTransformer` field is to the rest of the package, declared with the field:
+  the registry, checkpoint descriptions, the training config and a run's resume metadata list
+  the fields of their roles (registry.fields_of)."""
+  ARCHITECTURE = "architecture"  # What a model name fixes.
+  LAYOUT = "layout"  # Which arrays there are beyond the architecture's.
+  COMPUTATION = "computation"  # What the same arrays compute; no array shape tells.
+  PRE_LOGITS = "pre_logits"  # The head's hidden layer: described; fine-tuning replaces it.
+  INIT = "init"  # How parameters start: a new head's, a loaded position embedding's resizing.
+  REGULARISATION = "regularisation"  # A run's trajectory, not its model.
+  RUNTIME = "runtime"  # How it runs: a resumed run may change it.
+  CLASSES = "classes"  # The head's outputs: the data's class count.
+  PRECISION = "precision"  # The computation dtype: config.dtype, not config.model.
+  LORA = "lora"  # Adapters: config.lora, not config.model.
+  INTERNAL = "internal"  # The registry name it was built from, for messages.
+
+
+def _field(role: Role, default: Any = dataclasses.MISSING) -> Any:
+  return dataclasses.field(default=default, metadata={"role": role})
 
 
 def resolve_attention_impl(impl: Optional[str], dtype: Any, head_dim: int) -> Optional[str]:
@@ -293,39 +316,42 @@ class VisionTransformer(nn.Module):
   one (batch, heads, tokens, tokens) array per layer.
   """
 
-  num_classes: Optional[int]
-  patch_size: int
-  hidden_size: int
-  mlp_dim: int
-  num_heads: int
-  num_layers: int
-  representation_size: Optional[int] = None
-  classifier: str = "token"
+  # Each field's Role decides which lists name it (registry.fields_of), in this order.
+  num_classes: Optional[int] = _field(Role.CLASSES)
+  patch_size: int = _field(Role.ARCHITECTURE)
+  hidden_size: int = _field(Role.ARCHITECTURE)
+  mlp_dim: int = _field(Role.ARCHITECTURE)
+  num_heads: int = _field(Role.ARCHITECTURE)
+  num_layers: int = _field(Role.ARCHITECTURE)
+  resnet_layers: Optional[Sequence[int]] = _field(Role.ARCHITECTURE, None)
+  resnet_width_factor: float = _field(Role.ARCHITECTURE, 1.0)
+  classifier: str = _field(Role.LAYOUT, "token")
   # timm's `fc_norm`: the final LayerNorm after pooling (`fc_norm`) instead of before it.
-  fc_norm: bool = False
-  posemb: str = "learn"
-  resnet_layers: Optional[Sequence[int]] = None
-  resnet_width_factor: float = 1.0
-  gelu: str = "tanh"  # GELUS: what the weights were trained with.
-  dropout: float = 0.0
-  attention_dropout: float = 0.0
-  # Stochastic depth: the rate rises linearly to this at the last block (0: off).
-  stochastic_depth: float = 0.0
-  head_bias_init: float = 0.0
+  fc_norm: bool = _field(Role.COMPUTATION, False)
+  representation_size: Optional[int] = _field(Role.PRE_LOGITS, None)
+  posemb: str = _field(Role.LAYOUT, "learn")
   # Register tokens (Darcet et al., 2024): learned tokens after the class token, without a
   # position embedding, dropped before pooling.
-  num_registers: int = 0
+  num_registers: int = _field(Role.LAYOUT, 0)
+  gelu: str = _field(Role.COMPUTATION, "tanh")  # GELUS: what the weights were trained with.
+  dropout: float = _field(Role.REGULARISATION, 0.0)
+  attention_dropout: float = _field(Role.REGULARISATION, 0.0)
+  # Stochastic depth: the rate rises linearly to this at the last block (0: off).
+  stochastic_depth: float = _field(Role.REGULARISATION, 0.0)
+  head_bias_init: float = _field(Role.INIT, 0.0)
   # LoRA adapters (models/lora.py) on the encoder blocks' `lora_targets` (0: none).
-  lora_rank: int = 0
-  lora_alpha: Optional[float] = None
-  lora_targets: Sequence[str] = lora_lib.DEFAULT_TARGETS
+  lora_rank: int = _field(Role.LORA, 0)
+  lora_alpha: Optional[float] = _field(Role.LORA, None)
+  lora_targets: Sequence[str] = _field(Role.LORA, lora_lib.DEFAULT_TARGETS)
   # Any input resolution: the position embedding resampled in the forward pass.
-  dynamic_image_size: bool = False
-  posemb_interpolation: str = "bilinear"  # Or "bicubic" (posemb_resize.METHODS).
-  remat: bool = False
-  dtype: Any = jnp.float32
-  attention_impl: Optional[str] = "auto"  # cuDNN flash attention where it runs.
-  name_in_registry: Optional[str] = None
+  dynamic_image_size: bool = _field(Role.RUNTIME, False)
+  # Or "bicubic" (posemb_resize.METHODS); also how a loaded embedding is resized to the grid.
+  posemb_interpolation: str = _field(Role.INIT, "bilinear")
+  remat: bool = _field(Role.RUNTIME, False)
+  dtype: Any = _field(Role.PRECISION, jnp.float32)
+  # "auto": cuDNN flash attention where it runs.
+  attention_impl: Optional[str] = _field(Role.RUNTIME, "auto")
+  name_in_registry: Optional[str] = _field(Role.INTERNAL, None)
 
   @property
   def stride(self) -> int:

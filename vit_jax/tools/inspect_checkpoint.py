@@ -38,8 +38,9 @@ with epy.lazy_imports():  # TensorFlow, for --figures and exported models only.
   from vit_jax import explore, figures
 
 # What the fine-tuning model must share with the file for its arrays to load; the
-# fine-tuning config's model starts from a registry name and overrides the rest.
-FINETUNE_FIELDS = registry.ARCHITECTURE + ("classifier", "posemb")
+# fine-tuning config's model starts from a registry name and overrides the rest (the run
+# takes what the same arrays compute, Role.COMPUTATION, from the file's description).
+FINETUNE_FIELDS = registry.fields_of(models.Role.ARCHITECTURE, models.Role.LAYOUT)
 POOLING = {"token": "the class token", "gap": "mean of the patch tokens",
            "map": "attention pooling (MAP head)"}
 ZERO_HEAD = (
@@ -60,10 +61,6 @@ def _registry_name(model: models.VisionTransformer) -> str | None:
   return (same_pooling or names or [None])[0]
 
 
-def _default(field: str) -> Any:
-  return models.VisionTransformer.__dataclass_fields__[field].default
-
-
 def _flag_value(value: Any) -> str:
   if isinstance(value, (tuple, list)):  # ml_collections parses a tuple literal.
     return "(" + ",".join(map(str, value)) + ("," if len(value) == 1 else "") + ")"
@@ -78,7 +75,7 @@ def finetune_command(ckpt: checkpoint.Loaded, path: str, dataset: str = "cifar10
           ("R50+ViT-B_16" if model.resnet_layers is not None else "ViT-B_16"))
   base_fields = models.model_config(base)
   overrides = {f: getattr(model, f) for f in FINETUNE_FIELDS
-               if getattr(model, f) != base_fields.get(f, _default(f))}
+               if getattr(model, f) != base_fields.get(f, registry.default(f))}
   size = finetune.IMAGE_SIZE
   if size % model.stride:  # Images must split into whole tokens.
     size = max(1, round(size / model.stride)) * model.stride

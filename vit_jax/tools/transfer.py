@@ -100,10 +100,10 @@ def dry_run(checkpoints: list[str], task_list: list, settings: "protocol.Setting
   for ckpt in checkpoints:
     described = checkpoint.describe(ckpt)
     for task in task_list:
-      for job in protocol.jobs(ckpt, task, settings, out_dir):
-        line = shlex.join(protocol.command(job, settings, described))
+      for ft in protocol.fine_tunes(ckpt, task, settings, out_dir):
+        line = shlex.join(protocol.command(ft, settings, described))
         print(line + ("  # --config.optimizer.lr: the rate chosen on minival"
-                      if job.lr is None else ""))
+                      if ft.lr is None else ""))
 
 
 def _shared(path: str) -> str:

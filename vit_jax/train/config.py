@@ -1,4 +1,9 @@
 """The training config's defaults and its validation (before anything compiles)."""
+import collections.abc
+import types
+import typing
+from typing import Any
+
 import ml_collections
 
 from vit_jax import data, losses, models
@@ -9,14 +14,22 @@ from vit_jax.models import lora
 from vit_jax.train import optimizers
 
 DTYPES = ("float32", "bfloat16")
-# The model fields a config may override (typed, so that the command line can set them).
-MODEL_FIELDS = dict(
-    patch_size=int, hidden_size=int, mlp_dim=int, num_heads=int, num_layers=int,
-    representation_size=int, classifier=str, fc_norm=bool, posemb=str, resnet_layers=tuple,
-    gelu=str,
-    resnet_width_factor=float, dropout=float, attention_dropout=float, stochastic_depth=float,
-    head_bias_init=float, num_registers=int, dynamic_image_size=bool,
-    posemb_interpolation=str, remat=bool, attention_impl=str)
+
+
+def _cli_type(annotation: Any) -> type:
+  """The type the command line gives a model field: Optional[X]'s X, a tuple for a sequence."""
+  if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+    annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+  origin = typing.get_origin(annotation) or annotation
+  return tuple if origin in (collections.abc.Sequence, tuple, list) else origin
+
+
+# The model fields a config may override (typed, so that the command line can set them): not
+# those the data (num_classes), config.dtype and config.lora set.
+MODEL_FIELDS = {
+    f: _cli_type(models.VisionTransformer.__dataclass_fields__[f].type)
+    for f in models.registry.fields_except(models.Role.CLASSES, models.Role.PRECISION,
+                                           models.Role.LORA, models.Role.INTERNAL)}
 
 
 def _lora_config() -> ml_collections.ConfigDict:

@@ -40,7 +40,10 @@ def _jsonable(tree: Any) -> Any:
   return json.loads(json.dumps(tree, default=list))
 
 
-_REGULARISATION = ("dropout", "attention_dropout", "stochastic_depth")
+_REGULARISATION = models.registry.fields_of(models.Role.REGULARISATION)
+# Not what the parameters depend on: the trajectory records regularisation, and how the model
+# runs may change when a run resumes.
+_OFF_MODEL = _REGULARISATION + models.registry.fields_of(models.Role.RUNTIME)
 
 
 def _model_fields(c: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -49,9 +52,7 @@ def _model_fields(c: ml_collections.ConfigDict) -> dict[str, Any]:
 
 def _architecture(c: ml_collections.ConfigDict) -> dict[str, Any]:
   """The model's fields that its parameters depend on (no regularisation, no remat)."""
-  return _jsonable({k: v for k, v in _model_fields(c).items()
-                    if k not in _REGULARISATION + ("remat", "attention_impl",
-                                                   "dynamic_image_size")})
+  return _jsonable({k: v for k, v in _model_fields(c).items() if k not in _OFF_MODEL})
 
 
 def run_meta(c: ml_collections.ConfigDict, num_classes: int, total_steps: int,
@@ -64,7 +65,7 @@ def run_meta(c: ml_collections.ConfigDict, num_classes: int, total_steps: int,
       batch_size=c.batch_size, accum_steps=c.accum_steps, total_steps=total_steps,
       warmup_steps=warmup_steps, optimizer=c.optimizer.to_dict(), data=data_fields,
       ema_decay=c.ema_decay,
-      **{k: _model_fields(c).get(k, 0.0) for k in _REGULARISATION})
+      **{k: _model_fields(c).get(k, models.registry.default(k)) for k in _REGULARISATION})
   return checkpoint.make_meta(c.model_name, num_classes, _architecture(c), _jsonable(trajectory))
 
 
@@ -93,7 +94,7 @@ def resolve_value_range(c: ml_collections.ConfigDict,
 
 # Model fields that change what a checkpoint's weights compute without changing their shapes:
 # a fine-tuning run takes them from config.pretrained's description unless the config sets them.
-_INHERITED_MODEL_FIELDS = ("gelu", "fc_norm")
+_INHERITED_MODEL_FIELDS = models.registry.fields_of(models.Role.COMPUTATION)
 
 
 def inherit_model_fields(c: ml_collections.ConfigDict, parent: checkpoint.Description) -> None:

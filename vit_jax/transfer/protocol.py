@@ -1,10 +1,10 @@
-"""The paper's fine-tuning protocol (App. B.1.1) as jobs: for each (checkpoint, task), one
+"""The paper's fine-tuning protocol (App. B.1.1) as runs: for each (checkpoint, task), one
 fine-tuning run per learning rate of the task's grid on a held-out part of the train split
 (minitrain -> minival), the best rate chosen on minival, then one run on the whole train
 split with it, evaluated on test. Each run is `vit-train` with the finetune recipe (SGD
 momentum 0.9, batch 512, cosine decay, clipping at 1, no weight decay, 384 px) and the
-task's steps; a job is its config overrides, so the same job runs in-process, prints as a
-command line (--dry_run) or goes to a launcher.
+task's steps; a run (FineTune) is its config overrides, so the same run goes in-process,
+prints as a command line (--dry_run) or goes to a launcher.
 """
 import dataclasses
 import hashlib
@@ -31,7 +31,8 @@ DATA_OPTIONS = {"name": "--suite", "data_dir": "--data_dir",
                 "eval_split": "split", "relax_class_mismatch": "", "skip_bad_images": ""}
 # Model fields a fine-tuning run takes from its checkpoint. Not representation_size: the
 # paper replaces the whole head, pre-logits included, when fine-tuning.
-_INHERITED = tuple(f for f in models.registry.DESCRIBED if f != "representation_size")
+_INHERITED = tuple(f for f in models.registry.DESCRIBED
+                   if f not in models.registry.fields_of(models.Role.PRE_LOGITS))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,11 +48,11 @@ class Settings:
 
 
 @dataclasses.dataclass(frozen=True)
-class Job:
+class FineTune:
   checkpoint: str
   task: tasks.Task
   phase: str  # SELECT: minitrain -> minival; FINAL: train -> test.
-  lr: float | None  # FINAL's is chosen by the SELECT jobs: None until they are done.
+  lr: float | None  # FINAL's is chosen by the SELECT runs: None until they are done.
   workdir: str
 
   @property
@@ -78,15 +79,15 @@ def run_dir(out_dir: str, ckpt: str, task: tasks.Task, phase: str, lr: float | N
   return os.path.join(task_dir(out_dir, ckpt, task), f"{phase}_lr{format_lr(lr)}")
 
 
-def jobs(ckpt: str, task: tasks.Task, settings: Settings, out_dir: str,
-         chosen: float | None = None) -> list[Job]:
+def fine_tunes(ckpt: str, task: tasks.Task, settings: Settings, out_dir: str,
+               chosen: float | None = None) -> list[FineTune]:
   """The selection runs, then the final run (with the `chosen` rate once known). A grid of
   one rate needs no selection."""
   grid = lr_grid(task, settings)
-  select = [Job(ckpt, task, SELECT, lr, run_dir(out_dir, ckpt, task, SELECT, lr))
+  select = [FineTune(ckpt, task, SELECT, lr, run_dir(out_dir, ckpt, task, SELECT, lr))
             for lr in grid] if len(grid) > 1 else []
   final_lr = grid[0] if len(grid) == 1 else chosen
-  return select + [Job(ckpt, task, FINAL, final_lr,
+  return select + [FineTune(ckpt, task, FINAL, final_lr,
                        run_dir(out_dir, ckpt, task, FINAL, final_lr))]
 
 
@@ -104,52 +105,47 @@ def _model_overrides(described: checkpoint.Description) -> dict[str, Any]:
           for k, v in described.model.items() if k in _INHERITED and v is not None}
 
 
-def overrides(job: Job, settings: Settings, described: checkpoint.Description
+def overrides(ft: FineTune, settings: Settings, described: checkpoint.Description
               ) -> dict[str, Any]:
-  """The job's fields of the finetune config, by dotted name."""
-  task = job.task
+  """The run's fields of the finetune config, by dotted name."""
+  task = ft.task
   steps = settings.steps or task.steps
   warmup = settings.warmup_steps
   if warmup is None:
     warmup = min(finetune.WARMUP_STEPS, steps // 10) if settings.steps else finetune.WARMUP_STEPS
-  train, evaluate = ((task.minitrain, task.minival) if job.phase == SELECT
+  train, evaluate = ((task.minitrain, task.minival) if ft.phase == SELECT
                      else (task.train, task.test))
   named = task.name in tasks.TASKS
   return {
       "model_name": model_name(described), **_model_overrides(described),
-      "pretrained": job.checkpoint,
+      "pretrained": ft.checkpoint,
       "data.name": sources.TASK_PREFIX + task.name if named else task.tfds_name,
       "data.data_dir": settings.data_dir, "data.train_split": train,
       "data.eval_split": evaluate,
       "data.image_size": settings.image_size or finetune.IMAGE_SIZE,
       "batch_size": settings.batch_size, "total_steps": steps, "warmup_steps": warmup,
-      "optimizer.lr": job.lr, "eval_every_steps": None, "cpu_devices": settings.cpu_devices,
+      "optimizer.lr": ft.lr, "eval_every_steps": None, "cpu_devices": settings.cpu_devices,
   }
 
 
 def _recipe(task: tasks.Task, described: checkpoint.Description) -> str:
-  """The finetune config the job starts from (an image folder's: a name of no dataset; the
-  job's overrides set its data)."""
+  """The finetune config the run starts from (an image folder's: a name of no dataset; the
+  run's overrides set its data)."""
   dataset = "folder" if sources.is_folder(task.tfds_name) else task.tfds_name.split(":")[0]
   return f"finetune:{models.registry.short_name(model_name(described))},{dataset}"
 
 
-def config(job: Job, settings: Settings, described: checkpoint.Description
+def config(ft: FineTune, settings: Settings, described: checkpoint.Description
            ) -> ml_collections.ConfigDict:
-  """The finetune config with the job's overrides."""
-  c = configs.get_config(_recipe(job.task, described))
-  for key, value in overrides(job, settings, described).items():
-    *parents, leaf = key.split(".")
-    target = c
-    for p in parents:
-      target = target[p]
-    target[leaf] = value
+  """The finetune config with the run's overrides."""
+  c = configs.get_config(_recipe(ft.task, described))
+  c.update_from_flattened_dict(overrides(ft, settings, described))
   return c
 
 
-def command(job: Job, settings: Settings, described: checkpoint.Description) -> list[str]:
-  """The job as a `vit-train` command line."""
-  flags = [f"--config.{k}={v}" for k, v in overrides(job, settings, described).items()
+def command(ft: FineTune, settings: Settings, described: checkpoint.Description) -> list[str]:
+  """The run as a `vit-train` command line."""
+  flags = [f"--config.{k}={v}" for k, v in overrides(ft, settings, described).items()
            if v is not None and k != "model_name"]
-  return ["vit-train", "--config", _recipe(job.task, described), "--workdir", job.workdir,
+  return ["vit-train", "--config", _recipe(ft.task, described), "--workdir", ft.workdir,
           *flags]

@@ -1,8 +1,8 @@
-"""Runs the protocol's jobs over checkpoints and tasks, one after another in this process,
+"""Runs the protocol's fine-tuning runs over checkpoints and tasks, one after another in this process,
 recording each result in its task's rows file as it ends (results.py) and the merged report
 after each task: a rerun skips what is done (a run killed midway resumes from its own
 checkpoints), and a task that fails is named while the sweep goes on with the next. SIGTERM or
-Ctrl-C stops the sweep: the job running saves and writes no row, and no other job starts
+Ctrl-C stops the sweep: the run going saves and writes no row, and no other run starts
 (stop_signals.Interrupted reaches the command)."""
 import time
 import traceback
@@ -29,36 +29,36 @@ def _one_line(e: BaseException) -> str:
   return f"{type(e).__name__}: {' '.join(text.split())}"
 
 
-def run_job(job: protocol.Job, settings: protocol.Settings,
-            described: checkpoint.Description, out_dir: str) -> dict[str, object]:
-  """Fine-tunes and evaluates one job; its row, appended to the task's rows. Its workdir is
-  locked while it runs: a second sweep on the same out_dir stops there (WorkdirInUse)."""
-  c = protocol.config(job, settings, described)
-  lock = workdir_lock.take(job.workdir)
+def run_fine_tune(ft: protocol.FineTune, settings: protocol.Settings,
+                  described: checkpoint.Description, out_dir: str) -> dict[str, object]:
+  """Fine-tunes and evaluates one run of the protocol; its row, appended to the task's rows.
+  Its workdir is locked while it runs: a second sweep on the same out_dir stops there (WorkdirInUse)."""
+  c = protocol.config(ft, settings, described)
+  lock = workdir_lock.take(ft.workdir)
   try:
-    return _run_locked(job, c, described, out_dir)
+    return _run_locked(ft, c, described, out_dir)
   finally:
     if lock:
       lock.release()
 
 
-def _run_locked(job: protocol.Job, c: ml_collections.ConfigDict,
+def _run_locked(ft: protocol.FineTune, c: ml_collections.ConfigDict,
                 described: checkpoint.Description, out_dir: str) -> dict[str, object]:
   t0 = time.time()
-  row = {"checkpoint": job.checkpoint, "model": described.model_name or "",
-         "task": job.task.name, "suite": job.task.suite,
-         "group": job.task.group, "phase": job.phase, "lr": protocol.format_lr(job.lr),
-         "steps": c.total_steps, "workdir": job.workdir}
+  row = {"checkpoint": ft.checkpoint, "model": described.model_name or "",
+         "task": ft.task.name, "suite": ft.task.suite,
+         "group": ft.task.group, "phase": ft.phase, "lr": protocol.format_lr(ft.lr),
+         "steps": c.total_steps, "workdir": ft.workdir}
   try:
-    metrics = loop.train_and_evaluate(c, job.workdir)
+    metrics = loop.train_and_evaluate(c, ft.workdir)
     row |= {"accuracy": f"{metrics['accuracy']:.6f}", "status": OK}
   except Exception as e:  # any failure of one task leaves the others to run
     # An input the library refuses (data that is not there) says all in its message.
     detail = "" if isinstance(e, (ValueError, OSError)) else "\n" + traceback.format_exc()
-    logging.error("%s on %s failed: %s%s", job.checkpoint, job.task.name, _one_line(e), detail)
+    logging.error("%s on %s failed: %s%s", ft.checkpoint, ft.task.name, _one_line(e), detail)
     row |= {"accuracy": "", "status": f"failed: {_one_line(e)}"}
   row["wall_s"] = f"{time.time() - t0:.1f}"
-  results.append(protocol.task_dir(out_dir, job.checkpoint, job.task), row)
+  results.append(protocol.task_dir(out_dir, ft.checkpoint, ft.task), row)
   return row
 
 
@@ -69,7 +69,7 @@ def _selected(rows: list[results.Row], ckpt: str, task: tasks.Task) -> dict[floa
 
 
 def _check(stop: stop_signals.StopSignals) -> None:
-  if stop.received is not None:  # Between jobs: nothing to save.
+  if stop.received is not None:  # Between runs: nothing to save.
     raise stop_signals.Interrupted(stop.received)
 
 
@@ -78,21 +78,21 @@ def run_task(ckpt: str, task: tasks.Task, settings: protocol.Settings, out_dir: 
              stop: stop_signals.StopSignals) -> str | None:
   """The task's selection runs, then its final run, each unless done; None, or why it failed."""
   task_dir = protocol.task_dir(out_dir, ckpt, task)
-  for job in protocol.jobs(ckpt, task, settings, out_dir)[:-1]:
-    if job.key in _done(task_dir):
+  for ft in protocol.fine_tunes(ckpt, task, settings, out_dir)[:-1]:
+    if ft.key in _done(task_dir):
       continue
     _check(stop)
-    row = run_job(job, settings, described, out_dir)
-    log(f"{task.name} lr={row['lr']} on {job.phase}: {row['accuracy'] or row['status']}")
+    row = run_fine_tune(ft, settings, described, out_dir)
+    log(f"{task.name} lr={row['lr']} on {ft.phase}: {row['accuracy'] or row['status']}")
     if row["status"] != OK:
       return str(row["status"])
   selected = _selected(results.task_rows(task_dir), ckpt, task)
   chosen = protocol.choose_lr(selected) if selected else None
-  final = protocol.jobs(ckpt, task, settings, out_dir, chosen)[-1]
+  final = protocol.fine_tunes(ckpt, task, settings, out_dir, chosen)[-1]
   if final.key in _done(task_dir):
     return None
   _check(stop)
-  row = run_job(final, settings, described, out_dir)
+  row = run_fine_tune(final, settings, described, out_dir)
   log(f"{task.name} lr={row['lr']} on {final.phase}: {row['accuracy'] or row['status']}")
   return None if row["status"] == OK else str(row["status"])
 
