@@ -83,7 +83,7 @@ setuptools.setup(
     "checkpoints, training, evaluation.",
     url=URL,
     # vit_jax.* takes in vit_jax.configs, which `--config NAME` reads from an installed
-    # wheel as from a clone (tests/test_install.py builds one and checks).
+    # wheel as from a clone (tests/test_e2e_install.py builds one and checks).
     packages=setuptools.find_packages(include=["vit_jax", "vit_jax.*"]),
     # The AugReg files' Hub copies, which `augreg:NAME` and `vit-zoo` read (CONTRIBUTING.md).
     package_data={"vit_jax.checkpoint": ["augreg_hub.csv"]},

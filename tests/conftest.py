@@ -38,12 +38,14 @@ import jax  # noqa: E402
 jax.config.update("jax_enable_compilation_cache", False)  # This process's: see above.
 
 import collections  # noqa: E402
+import csv  # noqa: E402
 import pathlib  # noqa: E402
 import shutil  # noqa: E402
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from helpers import DEBIAN_FASHION_MNIST  # noqa: E402
+from helpers import DEBIAN_FASHION_MNIST, TINY_CONFIG_VIT  # noqa: E402
 
 TESTS = pathlib.Path(__file__).parent
 
@@ -109,3 +111,53 @@ def fake_gcloud(tmp_path):
   script.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {log}\n')
   script.chmod(0o755)
   return dict(os.environ, PATH=f"{script.parent}:{os.environ['PATH']}"), log
+
+
+@pytest.fixture(scope="module")
+def tiny_npz(tmp_path_factory) -> str:
+  """A randomly initialised tiny ViT at 28 px, written without a description (test_vit.py and
+  test_e2e_explore_notebook.py have a tiny_npz of their own)."""
+  from vit_jax import checkpoint, models
+  model = models.create_model("ViT-Ti_16", num_classes=3, **TINY_CONFIG_VIT)
+  params = model.init(jax.random.key(0), np.zeros((1, 28, 28, 3), np.float32))["params"]
+  path = str(tmp_path_factory.mktemp("transfer") / "tiny.npz")
+  checkpoint.save_npz(path, params)
+  return path
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+  """An empty Hub cache, offline, as HF_HUB_CACHE / HF_HUB_OFFLINE set it."""
+  from huggingface_hub import constants
+  cache = tmp_path / "hub"
+  cache.mkdir()
+  monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+  monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+  monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  return cache
+
+
+@pytest.fixture
+def hub_offline(tmp_path, monkeypatch):
+  """huggingface_hub offline, on an empty cache of its own (its constants are read at import):
+  test_zoo.py's, for each of its tests."""
+  from huggingface_hub import constants
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+  monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf_hub"))
+  return tmp_path / "hf_hub"
+
+
+@pytest.fixture(scope="module")
+def zoo_dir(tmp_path_factory):
+  """An AugReg zoo folder laid out like gs://vit_models/augreg: index.csv and four tiny files."""
+  from helpers import HEADER, IMNET_384, R26, R_TI, ROWS, TI, write_checkpoint
+  root = tmp_path_factory.mktemp("augreg")
+  with open(root / "index.csv", "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(HEADER)
+    writer.writerows(ROWS)
+  for filename in (TI, TI + IMNET_384, R_TI, R26):
+    write_checkpoint(root, filename)
+  return str(root)

@@ -1,16 +1,25 @@
 """Helpers shared by the test modules (fixtures live in conftest.py).
 
-TensorFlow and the notebook client are imported where used: importing TensorFlow before
+TensorFlow, torch and the notebook client are imported where used: importing TensorFlow before
 torch (timm's cross-checks) crashes the process, so this module stays light.
 """
 import glob
+import json
 import os
 import pathlib
 import re
+import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
+from typing import TYPE_CHECKING
 
 import numpy as np
+import pytest
+
+if TYPE_CHECKING:
+  from vit_jax import models
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
@@ -19,6 +28,8 @@ POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 TINY_CONFIG = str(REPO / "tests" / "tiny_config.py")
 # A ViT small enough for unit tests on CPU: model fields over any registry name's.
 TINY_VIT = dict(patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2)
+# tests/tiny_config.py's model: 28 px images in a 4x4 grid of 7 px patches.
+TINY_CONFIG_VIT = dict(patch_size=7, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2)
 
 
 def tiny_config(dataset, **overrides):
@@ -62,6 +73,12 @@ def cpu_env(devices: int = 1) -> dict[str, str]:
 def run_cli(args, devices: int = 1, cwd=REPO, **kw) -> subprocess.CompletedProcess:
   return subprocess.run(args, env=cpu_env(devices), cwd=cwd, capture_output=True, text=True,
                         timeout=600, **kw)
+
+
+def launch(script: str, *args: str, env: dict | None = None, timeout: int = 60):
+  """`python launch/SCRIPT ARGS` from the clone, its output captured."""
+  return subprocess.run([sys.executable, str(REPO / "launch" / script), *args], cwd=REPO,
+                        env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def run_notebook(path, monkeypatch, **params: str):
@@ -133,3 +150,250 @@ def tiny_serving_checkpoint(path, kind: str, num_classes: int = 10, seed: int = 
                     "bias": jax.random.normal(jax.random.key(seed + 2), (num_classes,)) * 0.1}
   checkpoint.save_npz(str(path), params)
   return str(path)
+
+
+# The TPU compile checks': libtpu's compile-only devices need no TPU.
+try:
+  import libtpu  # noqa: F401  The test extra installs it; the checks need nothing else.
+  HAS_LIBTPU = True
+except ImportError:
+  HAS_LIBTPU = False
+needs_libtpu = pytest.mark.skipif(
+    not HAS_LIBTPU, reason="libtpu is not installed (pip install libtpu, the test extra's): "
+    "TPU compiles need it")
+
+
+# vit-inspect's, run in this process, and the fine-tuning command it prints.
+
+def run_inspect(capsys, *argv: str) -> tuple[int, str, str]:
+  """`vit-inspect ARGV` in this process: (exit status, stdout, stderr)."""
+  from vit_jax.tools import inspect_checkpoint as inspect_cli
+  rc = inspect_cli.main([str(a) for a in argv])
+  out, err = capsys.readouterr()
+  return rc, out, err
+
+
+def parse_finetune_command(command: str, monkeypatch):
+  """The config `vit-train` would build from `command`, validated."""
+  from absl import flags
+  from ml_collections import config_flags
+  from vit_jax.tools import train
+  from vit_jax.train import config as config_lib
+  argv = shlex.split(command)
+  assert argv[0] == "vit-train"
+  monkeypatch.chdir(tempfile.gettempdir())  # The command runs from any working directory.
+  argv = train.resolve_config_flag(argv)  # As vit-train: a config's name to its file.
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=values, sys_argv=argv)
+  flags.DEFINE_string("workdir", None, "", flag_values=values)
+  values(argv)
+  config_lib.validate(values.config)
+  return values.config
+
+
+def assert_finetuning_loads_the_file(command: str, monkeypatch, num_classes: int = 10):
+  """The command's model takes the file's arrays: what `main` does before its first step."""
+  import jax
+  import jax.numpy as jnp
+  from vit_jax import checkpoint
+  from vit_jax.train import run_setup
+  c = parse_finetune_command(command, monkeypatch)
+  model = run_setup.build_model(c, num_classes)
+  size = c.data.image_size
+  abstract = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, size, size, 3)))
+  params = checkpoint.load_params(c.pretrained, abstract["params"])
+  assert params["head"]["kernel"].shape[-1] == num_classes
+  return c
+
+
+# The serving formats'.
+
+# Max |logit difference| from JAX's, float32 throughout.
+TOLERANCE = {"savedmodel": 1e-4, "tflite": 1e-3, "onnx": 1e-4}
+
+
+def jax_logits(loaded, batch: np.ndarray) -> np.ndarray:
+  """The reference: the model applied to the input pipeline's preprocessing of `batch`."""
+  from vit_jax.data import preprocess as pp
+  x = pp.apply_preprocessing(batch, loaded.description.preprocessing).numpy()
+  return np.asarray(loaded.model.apply({"params": loaded.params}, x, train=False))
+
+
+# LoRA's.
+
+IMAGES = np.random.default_rng(0).uniform(-1, 1, (8, 32, 32, 3)).astype(np.float32)
+
+
+def adapted_params(model, size: int = 32, seed: int = 1):
+  """`model`'s initial params with every array (B included) moved away from its init."""
+  import jax
+  params = model.init(jax.random.key(0), IMAGES[:1, :size, :size])["params"]
+  noise = np.random.default_rng(seed)
+  return jax.tree.map(lambda p: p + 0.1 * noise.standard_normal(p.shape, np.float32), params)
+
+
+# explore's and the explore notebook's.
+
+def tiny_params(seed: int = 0, **overrides) -> tuple["models.VisionTransformer", dict]:
+  """A ViT of TINY_CONFIG_VIT (10 classes) and its initial params, the head random."""
+  import jax
+  import jax.numpy as jnp
+  from vit_jax import models
+  model = models.create_model("ViT-Ti_16", num_classes=10, **{**TINY_CONFIG_VIT, **overrides})
+  params = model.init(jax.random.key(seed), jnp.zeros((1, 28, 28, 3)))["params"]
+  # A random head, so that the top-5 are not a tie.
+  params["head"]["kernel"] = jax.random.normal(jax.random.key(seed + 1),
+                                               params["head"]["kernel"].shape)
+  return model, params
+
+
+# Descriptions' preprocessing.
+
+# A run trained on [0, 255] -> [0, 1], not the default [-1, 1]: what exports used to ignore.
+VALUE_RANGE = (0.0, 1.0)
+# timm's / transformers' ImageNet normalisation, as the Hub's checkpoints state it.
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+HUB_PREPROCESSING = dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, crop="central_crop",
+                         central_crop_fraction=0.875, interpolation="bicubic")
+
+
+def mean_std_npz(tmp_path, dataset) -> str:
+  """A checkpoint of the tiny run's model whose description states the Hub's mean and std."""
+  import jax
+  from vit_jax import checkpoint, models
+  from vit_jax.train import run_setup
+  c = tiny_config(dataset)
+  model = run_setup.build_model(c, 10)
+  params = model.init(jax.random.key(0), np.zeros((1, 28, 28, 3), np.float32))["params"]
+  described = checkpoint.Description(
+      model=models.registry.described_fields(model), model_name=c.model_name, image_size=28,
+      num_classes=10, preprocessing=checkpoint.Preprocessing(**HUB_PREPROCESSING))
+  checkpoint.save_npz(str(tmp_path / "hub.npz"), params, described)
+  return str(tmp_path / "hub.npz")
+
+
+# Hugging Face Hub repos, written offline in huggingface_hub's cache layout.
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+SIZE = 32
+
+
+# (timm architecture, pretrained tag, create_model kwargs, the GELU its description records):
+# the tag alone decides the GELU where, as on the Hub's timm repos, the config has no act_layer.
+TIMM = {
+    "token": ("vit_tiny_patch16_224", "augreg_in21k", {}, "tanh"),
+    "gap_fc_norm": ("vit_tiny_patch16_224", "augreg2_in21k_ft_in1k",
+                    dict(class_token=False, global_pool="avg", fc_norm=True), "exact"),
+    "registers": ("vit_tiny_patch16_224", "augreg_in21k",
+                  dict(reg_tokens=4, no_embed_class=True), "tanh"),
+    "hybrid": ("vit_tiny_r_s16_p8_224", "augreg_in21k", {}, "tanh"),
+    "hybrid_r26": ("vit_small_r26_s32_224", "augreg_in21k", dict(depth=2), "tanh"),
+    "siglip_map": ("vit_base_patch16_siglip_224", "webli", dict(depth=2), "tanh"),
+}
+_IMG = {"hybrid": 64, "hybrid_r26": 64}
+
+
+def write_repo(cache, repo: str, files: dict[str, str]) -> None:
+  """`files` (name -> local path) as huggingface_hub's cache holds a repo at COMMIT."""
+  root = cache / f"models--{repo.replace('/', '--')}"
+  snapshot = root / "snapshots" / COMMIT
+  snapshot.mkdir(parents=True)
+  (root / "refs").mkdir()
+  (root / "refs" / "main").write_text(COMMIT)
+  for name, path in files.items():
+    shutil.copy(path, snapshot / name)
+
+
+def perturbed(model, torch, scale: float = 0.01):
+  """The model's weights moved off their initial values (zero heads, unit norms)."""
+  torch.manual_seed(0)
+  with torch.no_grad():
+    for p in model.parameters():
+      p.add_(torch.randn_like(p) * scale)
+  return model.eval()
+
+
+def timm_repo(tmp_path, kind: str):
+  """(timm model, its folder as the Hub holds it: model.safetensors and config.json without
+  model_args, as timm's uploads of Google's weights are)."""
+  from vit_jax.models import timm_models
+  torch, timm = timm_models.import_torch()
+  from timm.models import _hub
+  arch, tag, kwargs, gelu = TIMM[kind]
+  size = _IMG.get(kind, SIZE)
+  act = "gelu_tanh" if gelu == "tanh" else "gelu"
+  model = perturbed(timm.create_model(arch, pretrained=False, img_size=size,
+                                      num_classes=5, act_layer=act, **kwargs), torch)
+  folder = tmp_path / kind
+  _hub.save_for_hf(model, folder, model_args=dict(img_size=size, num_classes=5, **kwargs),
+                   safe_serialization=True)
+  config = json.loads((folder / "config.json").read_text())
+  config.pop("model_args")
+  config["pretrained_cfg"]["tag"] = tag
+  config["label_names"] = [f"n0{i}" for i in range(5)]
+  (folder / "config.json").write_text(json.dumps(config))
+  return model, folder, config
+
+
+# The AugReg zoo's: an index.csv laid out like gs://vit_models/augreg's, tiny files.
+
+# The bucket's header (the published columns, with `epochs` after `ds`).
+HEADER = ["name", "ds", "epochs", "lr", "aug", "wd", "do", "sd", "best_val", "final_val",
+          "final_test", "adapt_ds", "adapt_lr", "adapt_steps", "adapt_resolution",
+          "adapt_final_val", "adapt_final_test", "params", "infer_samples_per_sec",
+          "filename", "adapt_filename"]
+# Real filenames (the official README and Colab, timm's configs); the numbers are made up
+# except where the Colab prints them (adapt_final_test of the recommended ImageNet
+# adaptations, infer_samples_per_sec).
+TI = "Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0"        # Recommended.
+TI_LIGHT = "Ti_16-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0"
+TI_I1K = "Ti_16-i1k-300ep-lr_0.001-aug_light0-wd_0.1-do_0.0-sd_0.0"
+R_TI = "R_Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0"
+R26 = "R26_S_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0"
+S16 = "S_16-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0"
+IMNET_384 = "--imagenet2012-steps_20k-lr_0.03-res_384"
+ROWS = [
+    # name, ds, epochs, lr, aug, wd, do, sd, best_val, final_val, final_test,
+    # adapt_ds, adapt_lr, adapt_steps, adapt_resolution, adapt_final_val, adapt_final_test,
+    # params, infer_samples_per_sec, filename, adapt_filename
+    ["Ti/16", "i21k", 300, 0.001, "none", 0.03, 0.0, 0.0, 0.3712, 0.3702, 0.3671,
+     "imagenet2012", 0.03, 20000, 384, 0.7891, 0.7822, 5717416, 609.58, TI, TI + IMNET_384],
+    ["Ti/16", "i21k", 300, 0.001, "none", 0.03, 0.0, 0.0, 0.3712, 0.3702, 0.3671,
+     "imagenet2012", 0.03, 20000, 224, 0.7541, 0.7510, 5717416, "",
+     TI, TI + "--imagenet2012-steps_20k-lr_0.03-res_224"],
+    ["Ti/16", "i21k", 300, 0.001, "light1", 0.1, 0.0, 0.0, 0.3601, 0.3598, 0.3560,
+     "cifar100", 0.01, 10000, 224, 0.8702, 0.8655, 5717416, "",
+     TI_LIGHT, TI_LIGHT + "--cifar100-steps_10k-lr_0.01-res_224"],
+    # Higher final_val than any i21k row (another label space): must not be chosen.
+    ["Ti/16", "i1k", 300, 0.001, "light0", 0.1, 0.0, 0.0, 0.7301, 0.7288, 0.7102,
+     "imagenet2012", 0.01, 20000, 224, 0.7321, 0.7299, 5717416, "",
+     TI_I1K, TI_I1K + "--imagenet2012-steps_20k-lr_0.01-res_224"],
+    ["R+Ti/16", "i21k", 300, 0.001, "none", 0.03, 0.0, 0.0, 0.3530, 0.3521, 0.3499,
+     "imagenet2012", 0.03, 20000, 384, 0.7602, 0.7540, 6337704, 2425.77, R_TI, R_TI + IMNET_384],
+    ["R26+S/32", "i21k", 300, 0.001, "light1", 0.1, 0.0, 0.0, 0.4391, 0.4385, 0.4350,
+     "oxford_iiit_pet", 0.03, 500, 384, 0.953804, 0.941128, 36431912, 560.40,
+     R26, R26 + "--oxford_iiit_pet-steps_0k-lr_0.03-res_384"],
+    ["S/16", "i21k", 300, 0.001, "light1", 0.03, 0.0, 0.0, 0.4502, 0.4497, 0.4468,
+     "imagenet2012", 0.03, 20000, 384, 0.8401, 0.83728, 22050664, 300.12, S16, S16 + IMNET_384],
+]
+
+
+AUGREG_TINY = dict(hidden_size=16, mlp_dim=32, num_heads=2, num_layers=2)
+CLASSES = {"i21k": 21843, "imagenet2012": 1000, "cifar100": 100, "oxford_iiit_pet": 37}
+
+
+def write_checkpoint(path, filename: str) -> None:
+  """A small .npz with the real key layout, class count and position-embedding grid."""
+  import jax
+  import jax.numpy as jnp
+  from vit_jax import checkpoint, models
+  from vit_jax.checkpoint import augreg
+  adapted = "--" in filename
+  ds = filename.split("--")[1].split("-")[0] if adapted else "i21k"
+  model = models.create_model(augreg.registry_name(filename.split("-")[0]),
+                              num_classes=CLASSES[ds], **AUGREG_TINY)
+  size = augreg.image_size(filename)
+  shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, size, size, 3)))["params"]
+  rng = np.random.default_rng(len(filename))
+  params = jax.tree.map(lambda s: rng.normal(0, 0.02, s.shape).astype(np.float32), shapes)
+  checkpoint.save_npz(str(path / f"{filename}.npz"), params)

@@ -1,40 +1,8 @@
-"""`vit-train --compile_only`: a run's steps compiled for TPU slices without a TPU (libtpu's
-compile-only devices), tiny models so that each compile takes seconds; the launcher's
-preflight, through its dry run."""
-import json
-import subprocess
-import sys
-
+"""train/compile_check.py: accelerator types in JAX's spelling, and a multi-host slice's steps
+compiled for TPU without a TPU (the command line's compiles: test_e2e_compile_only.py)."""
 import pytest
 
-from helpers import REPO, TINY_CONFIG
-
-try:
-  import libtpu  # noqa: F401  The test extra installs it; the checks need nothing else.
-  HAS_LIBTPU = True
-except ImportError:
-  HAS_LIBTPU = False
-needs_libtpu = pytest.mark.skipif(
-    not HAS_LIBTPU, reason="libtpu is not installed (pip install libtpu, the test extra's): "
-    "TPU compiles need it")
-
-# Params big enough to be sharded (sharding.fsdp_spec leaves arrays under 2**14 whole).
-MEDIUM = ["--config.model.hidden_size=256", "--config.model.mlp_dim=1024"]
-# A head of 2**23 classes, 1 G parameters: with Adam and its gradients more than a v5e chip's
-# 16 GiB unsharded, half of it with mesh.fsdp=2 (small shapes compile in seconds; a wide
-# encoder as big takes minutes).
-HUGE = ["--num_classes=8388608", "--config.model.hidden_size=128", "--config.model.mlp_dim=256"]
-
-
-def train_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "-m", "vit_jax.tools.train", "--config", TINY_CONFIG,
-                         *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
-
-
-def compile_json(topology: str, *overrides: str) -> dict:
-  result = train_cli("--compile_only", "--topology", topology, "--json", *overrides)
-  assert result.returncode == 0, result.stderr
-  return json.loads(result.stdout)
+from helpers import TINY_CONFIG, needs_libtpu
 
 
 @pytest.mark.parametrize("name,jax_name", [
@@ -49,19 +17,6 @@ def test_accelerator_types_in_jax_spelling(name, jax_name):
 
 
 @needs_libtpu
-def test_single_host_compile_reports_memory_flops_collectives_and_a_bound():
-  r = compile_json("v5litepod-4")
-  assert (r["chips"], r["hosts"], r["device_kind"]) == (4, 1, "TPU v5 lite")
-  assert r["fits"] and r["mesh"] == {"data": 4, "fsdp": 1} and r["per_chip_batch"] == 8
-  train, evaluate = r["train"], r["eval"]
-  assert 0 < train["total_bytes"] < r["hbm_capacity_bytes"] and evaluate["total_bytes"] > 0
-  assert train["flops"] > train["analytic_flops"] > 0
-  assert abs(evaluate["analytic_flops"] * 3 - train["analytic_flops"]) < 1
-  assert train["collectives"]["all-reduce"]["ops"] >= 1  # The gradients' mean.
-  assert train["roofline"]["images_per_s"] > 0
-
-
-@needs_libtpu
 def test_multi_host_compile():
   from vit_jax import configs
   from vit_jax.train import compile_check
@@ -70,85 +25,3 @@ def test_multi_host_compile():
   a = compile_check.attempt(configs.get_config(TINY_CONFIG), topology, 10, {})
   assert a.fits and a.train.flops > 0 and a.micro_batch == 32
   assert compile_check.resolve_topology("v4-16").chips == 8  # A device per chip (megacore).
-
-
-@needs_libtpu
-def test_multislice_splits_data_over_the_slices():
-  r = compile_json("v5litepod-4", "--num_slices=2", *MEDIUM, "--config.mesh.fsdp=4")
-  assert (r["chips"], r["hosts"], r["num_slices"]) == (8, 2, 2)
-  assert r["fits"] and r["mesh"] == {"data": 2, "fsdp": 4}
-
-
-@needs_libtpu
-def test_fsdp_shards_parameters_and_optimizer_state():
-  """Data parallelism keeps every parameter on every chip (no all-gather); mesh.fsdp=4 keeps
-  about a quarter of them, and of Adam's state, per chip, gathered as the step needs them."""
-  data = compile_json("v5e:2x2", *MEDIUM)
-  fsdp = compile_json("v5e:2x2", *MEDIUM, "--config.mesh.fsdp=4")
-  assert "all-gather" not in data["train"]["collectives"]
-  assert fsdp["train"]["collectives"]["all-gather"]["ops"] > 0
-  assert fsdp["mesh"] == {"data": 1, "fsdp": 4}
-  state = lambda r: r["train"]["alias_bytes"]  # The donated state: params, Adam's mu and nu.
-  assert 0.2 < state(fsdp) / state(data) < 0.3
-
-
-@needs_libtpu
-def test_a_config_too_big_for_its_slice_exits_2_naming_the_fix():
-  result = train_cli("--compile_only", "--topology", "v5e:2x2", *HUGE)
-  assert result.returncode == 2, result.stderr
-  (line,) = [x for x in result.stderr.splitlines() if x.startswith("error: ")]
-  assert "does not fit v5e:2x2 (4 chips)" in line and "GiB per chip over" in line
-  assert "it fits with --config.mesh.data=-1 --config.mesh.fsdp=" in line
-  assert not result.stdout
-
-
-@needs_libtpu
-def test_plan_chooses_the_mesh_and_remat():
-  result = train_cli("--plan", "--topology", "v5e:2x2", *HUGE)
-  assert result.returncode == 0, result.stderr
-  use = result.stdout.splitlines()[-1]
-  assert use.startswith("Use: --config.mesh.data=-1 --config.mesh.fsdp=")
-
-
-@needs_libtpu
-def test_a_plan_for_a_config_that_cannot_run_names_its_field_not_the_slice():
-  result = train_cli("--plan", "--topology", "v5e:2x2", "--config.total_steps=1",
-                     "--config.warmup_steps=5")
-  assert result.returncode == 2
-  assert result.stderr.strip().splitlines()[-1] == (
-      "error: config.warmup_steps=5: must be in [0, total steps=1]")
-
-
-def test_compile_only_needs_a_topology_and_no_workdir():
-  result = train_cli("--compile_only")
-  assert result.returncode == 2
-  assert result.stderr.strip().endswith("need --topology (e.g. v5e:4x4 or v5litepod-16)")
-  result = train_cli()
-  assert result.returncode == 2 and "--workdir must have a value" in result.stderr
-
-
-def tpu_up(config_overrides: list[str], gcloud_env: dict | None = None, dry_run: bool = True):
-  args = ["up", "--name", "vit", "--zone", "us-west4-a", "--accelerator-type", "v5litepod-4",
-          "--config", TINY_CONFIG, "--workdir", "runs/tiny", *(["--dry-run"] * dry_run),
-          "--", *config_overrides]
-  return subprocess.run([sys.executable, str(REPO / "launch" / "tpu_vm.py"), *args], cwd=REPO,
-                        env=gcloud_env, capture_output=True, text=True, timeout=300)
-
-
-@needs_libtpu
-def test_launcher_preflight_runs_before_any_gcloud_command():
-  fits = tpu_up([])
-  assert fits.returncode == 0, fits.stderr
-  assert "preflight:" in fits.stderr and "--compile_only --topology v5litepod-4" in fits.stderr
-  assert fits.stdout.splitlines()[0].startswith("gcloud compute tpus tpu-vm create vit")
-  refused = tpu_up(HUGE)
-  assert refused.returncode == 2 and not refused.stdout
-  assert "preflight for v5litepod-4: --config" in refused.stderr
-  assert "it fits with --config.mesh.data=-1 --config.mesh.fsdp=" in refused.stderr
-
-
-@needs_libtpu
-def test_launcher_preflight_refusal_calls_no_gcloud(fake_gcloud):
-  env, log = fake_gcloud
-  refused = tpu_up(HUGE, env, dry_run=False)
-  assert refused.returncode == 2 and not log.exists()

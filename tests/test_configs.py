@@ -1,5 +1,8 @@
 """vit_jax.configs: the one loader of `--config` specs (a shipped config's name or a file's
-path, `:ARG`), and main's use of it before absl parses the flags."""
+path, `:ARG`), and main's use of it before absl parses the flags; the AugReg pre-training
+configs (configs/augreg_pretrain.py)."""
+import itertools
+
 import pytest
 
 from helpers import REPO
@@ -81,3 +84,38 @@ def test_main_fails_in_one_line_on_an_unknown_name(capsys):
   err = capsys.readouterr().err
   assert err.startswith("error: --config finetun:b16: vit_jax ships no config named 'finetun'.")
   assert KNOWN in err and len(err.splitlines()) == 1
+
+
+AUGREG = "augreg_pretrain"
+
+
+def test_every_augreg_config_loads_and_validates():
+  module = configs.load_module(AUGREG)
+  for model, dataset, aug in itertools.product(module.MODELS, module.DATASETS, module.AUGS):
+    c = module.get_config(f"{model},{dataset},{aug}")
+    config_lib.validate(c)
+    assert (c.data.randaug_layers, c.data.randaug_magnitude, c.data.mixup_alpha) == (
+        module.AUGS[aug]), (model, dataset, aug)
+
+
+def test_augreg_config_values():
+  c = configs.get_config(f"{AUGREG}:b16,i21k,medium2")
+  assert c.model_name == "ViT-B_16"
+  assert (c.data.randaug_layers, c.data.randaug_magnitude, c.data.mixup_alpha) == (2, 15, 0.5)
+  assert (c.batch_size, c.total_epochs, c.warmup_steps) == (4096, 300, 10_000)
+  assert (c.optimizer.lr, c.optimizer.weight_decay, c.optimizer.decay) == (1e-3, 0.1, "cosine")
+  assert (c.model.dropout, c.model.stochastic_depth, c.model.head_bias_init) == (0.0, 0.0, -10.0)
+  assert c.loss == "sigmoid_xent" and c.label_smoothing == 0.0
+  assert configs.get_config(f"{AUGREG}:s16,i1k,light1").model.head_bias_init == -6.9
+  assert configs.get_config(f"{AUGREG}:r50_l32,i21k,none").model_name == "R50+ViT-L_32"
+
+
+@pytest.mark.parametrize("arg,message", [
+    ("b16,i1k", "takes <model>,<i1k|i21k>,<aug>"),
+    ("b16,jft,none", "Unknown pre-training dataset 'jft'"),
+    ("b16,i1k,heavy", "Unknown aug 'heavy'; known: none, light1"),
+    ("q16,i1k,none", "Unknown model 'q16'"),
+])
+def test_augreg_config_bad_args_are_explained(arg, message):
+  with pytest.raises(ValueError, match=message):
+    configs.get_config(f"{AUGREG}:{arg}")

@@ -1,6 +1,7 @@
-"""Tests of vit_jax.data: sources, preprocessing, train/eval iterators."""
+"""vit_jax.data's API (data.dataset_info, train_iterator, eval_iterator; pipeline.py): the data
+config's checks, sources (Fashion-MNIST through TFDS, image folders), train/eval iterators
+(preprocessing ops: test_preprocess.py; Debian's Fashion-MNIST files: test_fashion_mnist.py)."""
 import collections
-import gzip
 import hashlib
 import os
 import re
@@ -13,9 +14,9 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from vit_jax import data
-from vit_jax.data import fashion_mnist
 from vit_jax.data import pipeline
 from vit_jax.data import preprocess as pp
+
 
 BATCH = 64
 # timm's / transformers' ImageNet normalisation, as the Hub's checkpoints state it.
@@ -113,115 +114,6 @@ def test_unprepared_tfds_dataset_says_how_to_supply_it(tmp_path):
   cfg.name, cfg.data_dir = "cifar10", str(tmp_path)
   with pytest.raises(ValueError, match=r"not prepared.*data.data_dir.*image folder"):
     data.dataset_info(cfg)
-
-
-# --- preprocessing ------------------------------------------------------
-
-
-def test_random_ops_are_stateless_and_keep_shapes():
-  images = tf.random.stateless_uniform([4, 10, 12, 1], [0, 1], maxval=255)
-  rng = tf.constant([3, 4], tf.int64)
-  for op in (lambda x, r: pp.random_crop(x, r, 2), pp.random_flip,
-             lambda x, r: pp.inception_crop(x, r, 8)):
-    np.testing.assert_array_equal(op(images, rng), op(images, rng))
-  assert pp.random_crop(images, rng, 2).shape == (4, 10, 12, 1)
-  assert pp.inception_crop(images, rng, 8).shape == (4, 8, 8, 1)
-  # A shift never invents pixels: each crop is a window of the padded image.
-  shifted = pp.random_crop(images, rng, 2).numpy()
-  padded = np.pad(images.numpy(), [(0, 0), (2, 2), (2, 2), (0, 0)])
-  for crop, full in zip(shifted, padded):
-    assert any(np.array_equal(crop, full[y:y + 10, x:x + 12])
-               for y in range(5) for x in range(5))
-  assert pp.central_crop(tf.zeros([9, 7, 3]), 5).shape == (5, 5, 3)
-  np.testing.assert_allclose(pp.value_range(tf.constant([0., 255.]), -1, 1), [-1, 1])
-
-
-def test_mixup_targets_sum_to_one():
-  batch = {"image": tf.random.stateless_uniform([8, 4, 4, 3], [0, 0]),
-           "label": tf.range(8) % 3}
-  mixed = pp.mixup(batch, tf.constant([1, 2], tf.int64), alpha=0.2, num_classes=3)
-  assert mixed["label"].shape == (8, 3)
-  np.testing.assert_allclose(tf.reduce_sum(mixed["label"], -1), 1, rtol=1e-6)
-
-
-def test_mixup_keeps_the_larger_share_as_big_vision():
-  """image_i = r x_i + (1 - r) x_{i-1} with r = max(b, 1 - b), b ~ Beta(p, p)."""
-  labels = tf.range(8)  # Distinct classes: the label rows show r.
-  batch = {"image": tf.cast(tf.reshape(tf.range(8), [8, 1, 1, 1]), tf.float32) *
-           tf.ones([8, 2, 2, 3]), "label": labels}
-  ratios = []
-  for seed in range(20):
-    mixed = pp.mixup(batch, tf.constant([seed, 0], tf.int64), alpha=0.5, num_classes=8)
-    own = tf.gather(mixed["label"], labels, batch_dims=1).numpy()
-    np.testing.assert_allclose(own, own[0], rtol=1e-6)  # One ratio for the batch.
-    expected = own[0] * np.arange(8) + (1 - own[0]) * np.roll(np.arange(8), 1)
-    np.testing.assert_allclose(mixed["image"][:, 0, 0, 0], expected, rtol=1e-5)
-    ratios.append(own[0])
-  assert min(ratios) >= 0.5 and max(ratios) < 1
-
-
-# --- Fashion-MNIST from Debian's IDX files ------------------------------
-
-
-def _idx(name):
-  with gzip.open(os.path.join(fashion_mnist.DEBIAN_DIR, name)) as f:
-    content = f.read()
-  if "images" in name:
-    return np.frombuffer(content, np.uint8, offset=16).reshape(-1, 28, 28)
-  return np.frombuffer(content, np.uint8, offset=8)
-
-
-def _assert_same_examples(ds, images, labels):
-  """Every TFDS example is one of the IDX examples, with its label."""
-  reference = {images[i].tobytes(): labels[i] for i in range(len(labels))}
-  for image, label in tfds.as_numpy(ds):
-    assert reference[image[..., 0].tobytes()] == label
-
-
-@pytest.fixture
-def debian_files() -> str:
-  """Debian's Fashion-MNIST files, which the README's set-up installs: a failure, not a skip,
-  where they are missing (as the `dataset` fixture)."""
-  if not os.path.isdir(fashion_mnist.DEBIAN_DIR):
-    pytest.fail(f"{fashion_mnist.DEBIAN_DIR} is missing: `sudo apt-get install "
-                "dataset-fashion-mnist` (the README's set-up).")
-  return fashion_mnist.DEBIAN_DIR
-
-
-def test_fashion_mnist_from_debian_files(tmp_path, debian_files):
-  fashion_mnist.prepare_fashion_mnist(str(tmp_path), max_examples_per_split=200)
-  builder = tfds.builder("fashion_mnist", data_dir=str(tmp_path))
-  assert builder.is_prepared() and str(builder.version) == "3.0.1"
-  assert builder.info.features["image"].shape == (28, 28, 1)
-  assert builder.info.features["label"].names[:2] == ["T-shirt/top", "Trouser"]
-  assert builder.info.supervised_keys == ("image", "label")
-  ds = tfds.load("fashion_mnist", data_dir=str(tmp_path), split="test",
-                 as_supervised=True, download=False)
-  _assert_same_examples(ds, _idx("t10k-images-idx3-ubyte.gz")[:200],
-                        _idx("t10k-labels-idx1-ubyte.gz")[:200])
-  fashion_mnist.prepare_fashion_mnist(str(tmp_path))  # Prepared: a no-op.
-
-
-@pytest.mark.slow
-def test_fashion_mnist_full_splits(tmp_path, debian_files):
-  fashion_mnist.prepare_fashion_mnist(str(tmp_path))
-  splits = tfds.builder("fashion_mnist", data_dir=str(tmp_path)).info.splits
-  assert (splits["train"].num_examples, splits["test"].num_examples) == (60000, 10000)
-  ds = tfds.load("fashion_mnist", data_dir=str(tmp_path), split="test",
-                 as_supervised=True, download=False)
-  images, labels = _idx("t10k-images-idx3-ubyte.gz"), _idx("t10k-labels-idx1-ubyte.gz")
-  _assert_same_examples(ds, images, labels)
-  assert collections.Counter(int(l) for _, l in tfds.as_numpy(ds)) == (
-      collections.Counter(labels.tolist()))
-
-
-def test_fashion_mnist_without_files_or_network(tmp_path, monkeypatch):
-  def no_network(self, **kwargs):
-    raise ConnectionError("no network")
-  monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", no_network)
-  with pytest.raises(RuntimeError, match="apt-get install dataset-fashion-mnist"):
-    fashion_mnist.prepare_fashion_mnist(str(tmp_path),
-                                        files_dir=str(tmp_path / "nothing"))
 
 
 # --- train iterator (Fashion-MNIST, the `dataset` fixture) --------------

@@ -1,12 +1,12 @@
-"""Checkpoints from the Hugging Face Hub (`hf-hub:ORG/NAME`), offline: a Hub cache written in
-huggingface_hub's own layout from timm and transformers models with random weights, read with
-HF_HUB_OFFLINE=1. Each layout's logits equal its own framework's (run with the GELU and the
-LayerNorm epsilon the weights were trained with), its description equals its config files, and
-every way a Hub checkpoint fails ends with exit 2 and one line."""
+"""Checkpoints from the Hugging Face Hub (`hf-hub:ORG/NAME`, checkpoint/hub.py), offline: a Hub
+cache written in huggingface_hub's own layout from timm and transformers models with random
+weights, read with HF_HUB_OFFLINE=1. Each layout's logits equal its own framework's (run with
+the GELU and the LayerNorm epsilon the weights were trained with), its description equals its
+config files, and every way a Hub checkpoint fails ends with exit 2 and one line (fine-tuning
+from the Hub: test_e2e_pretrained.py)."""
 import http.server
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -14,80 +14,10 @@ import threading
 import numpy as np
 import pytest
 
-from helpers import REPO, cpu_env
+from helpers import REPO, SIZE, TIMM, cpu_env, perturbed, timm_repo, write_repo
 from vit_jax import checkpoint
 from vit_jax.models import timm_models
 from vit_jax.tools import inspect_checkpoint as inspect_cli
-
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
-SIZE = 32
-# (timm architecture, pretrained tag, create_model kwargs, the GELU its description records):
-# the tag alone decides the GELU where, as on the Hub's timm repos, the config has no act_layer.
-TIMM = {
-    "token": ("vit_tiny_patch16_224", "augreg_in21k", {}, "tanh"),
-    "gap_fc_norm": ("vit_tiny_patch16_224", "augreg2_in21k_ft_in1k",
-                    dict(class_token=False, global_pool="avg", fc_norm=True), "exact"),
-    "registers": ("vit_tiny_patch16_224", "augreg_in21k",
-                  dict(reg_tokens=4, no_embed_class=True), "tanh"),
-    "hybrid": ("vit_tiny_r_s16_p8_224", "augreg_in21k", {}, "tanh"),
-    "hybrid_r26": ("vit_small_r26_s32_224", "augreg_in21k", dict(depth=2), "tanh"),
-    "siglip_map": ("vit_base_patch16_siglip_224", "webli", dict(depth=2), "tanh"),
-}
-_IMG = {"hybrid": 64, "hybrid_r26": 64}
-
-
-def write_repo(cache, repo: str, files: dict[str, str]) -> None:
-  """`files` (name -> local path) as huggingface_hub's cache holds a repo at COMMIT."""
-  root = cache / f"models--{repo.replace('/', '--')}"
-  snapshot = root / "snapshots" / COMMIT
-  snapshot.mkdir(parents=True)
-  (root / "refs").mkdir()
-  (root / "refs" / "main").write_text(COMMIT)
-  for name, path in files.items():
-    shutil.copy(path, snapshot / name)
-
-
-@pytest.fixture
-def hub_cache(tmp_path, monkeypatch):
-  """An empty Hub cache, offline, as HF_HUB_CACHE / HF_HUB_OFFLINE set it."""
-  from huggingface_hub import constants
-  cache = tmp_path / "hub"
-  cache.mkdir()
-  monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-  monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-  monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-  return cache
-
-
-def perturbed(model, torch, scale: float = 0.01):
-  """The model's weights moved off their initial values (zero heads, unit norms)."""
-  torch.manual_seed(0)
-  with torch.no_grad():
-    for p in model.parameters():
-      p.add_(torch.randn_like(p) * scale)
-  return model.eval()
-
-
-def timm_repo(tmp_path, kind: str):
-  """(timm model, its folder as the Hub holds it: model.safetensors and config.json without
-  model_args, as timm's uploads of Google's weights are)."""
-  torch, timm = timm_models.import_torch()
-  from timm.models import _hub
-  arch, tag, kwargs, gelu = TIMM[kind]
-  size = _IMG.get(kind, SIZE)
-  act = "gelu_tanh" if gelu == "tanh" else "gelu"
-  model = perturbed(timm.create_model(arch, pretrained=False, img_size=size,
-                                      num_classes=5, act_layer=act, **kwargs), torch)
-  folder = tmp_path / kind
-  _hub.save_for_hf(model, folder, model_args=dict(img_size=size, num_classes=5, **kwargs),
-                   safe_serialization=True)
-  config = json.loads((folder / "config.json").read_text())
-  config.pop("model_args")
-  config["pretrained_cfg"]["tag"] = tag
-  config["label_names"] = [f"n0{i}" for i in range(5)]
-  (folder / "config.json").write_text(json.dumps(config))
-  return model, folder, config
 
 
 def images(size: int) -> np.ndarray:
@@ -250,25 +180,3 @@ def test_gated_and_missing_repos_online(capsys, hub_cache, monkeypatch):
     assert_one_line_error(capsys, ["hf-hub:org/missing"], "no such repository")
   finally:
     server.shutdown()
-
-
-@pytest.mark.slow
-def test_fine_tuning_from_the_hub_takes_its_gelu_fc_norm_and_normalisation(tmp_path, hub_cache,
-                                                                         dataset):
-  from helpers import tiny_config
-  from vit_jax.train import loop, run_setup
-  _, folder, config = timm_repo(tmp_path, "gap_fc_norm")
-  write_repo(hub_cache, "timm/gap", {f: folder / f for f in os.listdir(folder)})
-  tiny_vit = dict(patch_size=16, hidden_size=192, mlp_dim=768, num_heads=3, num_layers=12,
-                  classifier="gap")
-  c = tiny_config(dataset, total_steps=2, pretrained="hf-hub:timm/gap", **{
-      "data.image_size": SIZE, **{f"model.{k}": v for k, v in tiny_vit.items()}})
-  loop.train_and_evaluate(c, str(tmp_path / "ft"))
-  d = checkpoint.describe(str(tmp_path / "ft"))
-  assert (d.model["gelu"], d.model["fc_norm"], d.parent) == ("exact", True, "hf-hub:timm/gap")
-  cfg = config["pretrained_cfg"]
-  assert (d.preprocessing.mean, d.preprocessing.std) == (tuple(cfg["mean"]), tuple(cfg["std"]))
-  # A config that says otherwise is refused, naming the field.
-  c = tiny_config(dataset, pretrained="hf-hub:timm/gap", **{"model.gelu": "tanh"})
-  with pytest.raises(checkpoint.DescriptionMismatch, match="config.model.gelu 'tanh'"):
-    run_setup.inherit_model_fields(c, checkpoint.describe("hf-hub:timm/gap"))

@@ -1,20 +1,14 @@
 """launch/: the commands printed for Cloud TPU VMs and GPU clusters, refusals before anything
-is created, and a real two-process training job on localhost."""
-import os
-import re
+is created, and processes and jobs run to their first failure (a real two-process training job
+on localhost: test_e2e_distributed.py)."""
 import shlex
 import subprocess
 import sys
 
 import pytest
 
-from helpers import REPO, TINY_CONFIG, cpu_env
+from helpers import REPO, TINY_CONFIG, cpu_env, launch
 from launch import tpu_vm
-
-
-def launch(script: str, *args: str, env: dict | None = None, timeout: int = 60):
-  return subprocess.run([sys.executable, str(REPO / "launch" / script), *args], cwd=REPO,
-                        env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def dry_run(script: str, *args: str) -> list[list[str]]:
@@ -37,7 +31,7 @@ def flag(cmd: list[str], name: str) -> str:
 
 def tpu_up(accelerator_type: str, zone: str, workdir: str, *extra: str,
            config: str = "finetune:b16,cifar10") -> list[list[str]]:
-  """The dry run's commands, without the preflight compile (test_compile_check.py's)."""
+  """The dry run's commands, without the preflight compile (test_e2e_compile_only.py's)."""
   return dry_run("tpu_vm.py", "up", "--name", "vit", "--zone", zone, "--accelerator-type",
                  accelerator_type, "--config", config, "--workdir", workdir, "--no-preflight",
                  *extra)
@@ -202,18 +196,6 @@ def test_host_list_refusals(args, message):
   assert message in result.stderr and not result.stdout
 
 
-def test_a_failing_process_fails_the_launch(tmp_path):
-  result = launch("multihost.py", "hosts", "--hosts", "localhost,localhost", "--config",
-                  TINY_CONFIG, "--workdir", str(tmp_path), "--env", "JAX_PLATFORMS=cpu", "--",
-                  "--config.batch_sise=3", timeout=300)
-  assert result.returncode == 2  # A config error's status, from the first process to fail.
-  # The first to fail is reported; the other either fails too or is stopped (SIGTERM).
-  exits = re.findall(r"\[launch\] process (\d) exited with code (-?\d+)", result.stdout)
-  assert sorted(i for i, _ in exits) == ["0", "1"] and exits[0][1] == "2"
-  assert {code for _, code in exits} <= {"2", "-15"}
-  assert "batch_sise" in result.stdout
-
-
 def test_the_first_failure_is_the_exit_status_whatever_the_order():
   """Process 1 fails first; process 0, stopped by the launch (SIGTERM), does not count."""
   from launch import multihost
@@ -271,21 +253,3 @@ def test_an_unreachable_host_is_refused_before_any_job_starts(tmp_path):
       "error: --launch hosts: --hosts: cannot reach gpu0.invalid over ssh (")
   assert line.endswith("nothing was started.") and "[launch]" not in r.stdout
   assert not out_dir.exists()
-
-
-@pytest.mark.slow
-def test_two_local_processes_train_to_the_end(tmp_path, dataset):
-  import socket
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-  result = launch(
-      "multihost.py", "hosts", "--hosts", "localhost,localhost", "--port", str(port),
-      "--config", TINY_CONFIG, "--workdir", str(tmp_path), "--env", "JAX_PLATFORMS=cpu",
-      "--env", "XLA_FLAGS=--xla_force_host_platform_device_count=1", "--",
-      f"--config.data.name={dataset[0]}", f"--config.data.data_dir={dataset[1]}", timeout=600)
-  assert result.returncode == 0, result.stdout[-3000:]
-  for i in range(2):
-    assert f"[launch] process {i} exited with code 0" in result.stdout
-  assert "process 1 of 2" in result.stdout
-  assert (tmp_path / "checkpoints" / "12").is_dir()

@@ -1,12 +1,12 @@
-"""checkpoint.load: any checkpoint path (.npz, workdir, step dir) to a model and its params."""
+"""checkpoint.load: any checkpoint path (.npz, workdir, step dir) to a model and its params (a
+training run's workdir and step dir: test_e2e_checkpoints.py)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import tiny_config
 from vit_jax import checkpoint, models
-from vit_jax.train import loop
+
 
 TINY = dict(patch_size=7, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2)
 
@@ -53,21 +53,3 @@ def test_a_registry_architecture_is_named():
   fields = models.model_config("R26+ViT-S_32", resnet_layers=[2, 2, 2, 2])
   assert models.registry.match_name(fields) == "R26+ViT-S_32"
   assert models.registry.match_name(dict(fields, num_layers=3)) is None
-
-
-@pytest.mark.slow
-def test_a_training_run_loads_from_its_workdir_and_step_dir(tmp_path, dataset):
-  loop.train_and_evaluate(tiny_config(dataset, total_steps=2), str(tmp_path))
-  flat, meta = checkpoint.read_params(tmp_path / "checkpoints" / "2")
-  assert meta["model_name"] == "ViT-Ti_16"
-  for path in (tmp_path, tmp_path / "checkpoints" / "2"):
-    ckpt = checkpoint.load(str(path))
-    assert ckpt.model.name_in_registry == "ViT-Ti_16" and ckpt.image_size == 28
-    assert ckpt.source == str(tmp_path / "checkpoints" / "2")
-    for key, value in checkpoint.flatten(ckpt.params).items():
-      np.testing.assert_array_equal(value, flat[key])
-  with pytest.raises(ValueError, match=r"^model_name \(--model\) 'ViT-B_16' disagrees with "
-                     ".* records the model 'ViT-Ti_16'"):
-    checkpoint.load(str(tmp_path), "ViT-B_16")
-  with pytest.raises(FileNotFoundError, match="No checkpoint at"):
-    checkpoint.load(str(tmp_path / "missing"))

@@ -1,40 +1,20 @@
-"""vit-transfer: the protocol's jobs and learning-rate choice, a sweep end to end on
-Fashion-MNIST (selection on minival, the final run on test, a failing task named while the
-others run, a rerun that skips what is done), the task list and the dry run."""
-import csv
+"""vit-transfer (tools/transfer.py, vit_jax/transfer/): the protocol's jobs and learning-rate
+choice, the report, the task list and the dry run, an image folder as a task, jobs handed to
+Slurm and TPU VMs, a signal between jobs, rows of a rerun (sweeps end to end on
+Fashion-MNIST: test_e2e_transfer.py)."""
 import json
 import os
-import pathlib
-import re
 import shlex
 import signal
 import subprocess
 import sys
-import time
 
-import jax
-import numpy as np
 import pytest
 
-from vit_jax import checkpoint, models
 from vit_jax.data import sources, tasks
 from vit_jax.tools import cli, transfer
 from vit_jax.train import stop_signals
 from vit_jax.transfer import paper_results, protocol, report, results, sweep
-
-from helpers import REPO, cpu_env, read_scalars
-
-TINY = dict(patch_size=7, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2)
-
-
-@pytest.fixture(scope="module")
-def tiny_npz(tmp_path_factory) -> str:
-  """A randomly initialised tiny ViT at 28 px, written without a description."""
-  model = models.create_model("ViT-Ti_16", num_classes=3, **TINY)
-  params = model.init(jax.random.key(0), np.zeros((1, 28, 28, 3), np.float32))["params"]
-  path = str(tmp_path_factory.mktemp("transfer") / "tiny.npz")
-  checkpoint.save_npz(path, params)
-  return path
 
 
 def test_jobs_select_on_minival_then_train_once_more():
@@ -106,54 +86,6 @@ def test_an_image_folder_is_a_task_with_vtab_splits(digits_folder):
     source.meta("train[:10]+test")
 
 
-def rows_of(out_dir, task: str) -> list[dict[str, str]]:
-  with open(out_dir / "results.csv") as f:
-    return [r for r in csv.DictReader(f) if r["task"] == task]
-
-
-@pytest.mark.slow
-def test_a_launched_sweep_goes_past_a_failure_then_a_rerun_chooses_the_rate_and_resumes(
-    tmp_path, dataset, digits_folder, tiny_npz, capfd, monkeypatch):
-  """Launched on two local slots, three tasks (Fashion-MNIST, the digits as an image folder)
-  run side by side as processes of their own, the third when a slot is free, and the report
-  merges their rows; a rerun here with a grid of two rates selects on minival and takes the
-  final run, killed before its row was written, from its complete workdir."""
-  _, data_dir = dataset
-  flags = [tiny_npz, "--suite", "vtab1k/dtd,fashion_mnist", "--out_dir", str(tmp_path),
-           "--image_size=28", "--batch_size=32", "--steps=30", "--data_dir", data_dir]
-  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")  # The jobs'.
-  flags[2] += "," + digits_folder
-  assert transfer.main([*flags, "--lr_grid=0.1", "--launch", "hosts", "--",
-                        "--hosts", "localhost,localhost"]) == 1  # dtd is not in data_dir.
-  flags[2] = "vtab1k/dtd,fashion_mnist"
-  out = capfd.readouterr().out
-  started = re.findall(r"\[launch\] job (\d) on localhost: .* --suite (\S+) ", out)
-  assert sorted(started) == [("0", "vtab1k/dtd"), ("1", "fashion_mnist"), ("2", digits_folder)]
-  [digits] = rows_of(tmp_path, digits_folder)
-  assert (digits["phase"], digits["status"]) == ("test", "ok")
-  assert float(digits["accuracy"]) > 0.14  # Chance: 0.1 +- 0.017 on 297 examples.
-  assert "[launch] then:" in out and "--report_only" in out
-  assert "vtab1k/dtd: failed: " in out and "not prepared" in out
-  [final] = rows_of(tmp_path, "fashion_mnist")
-  assert (final["phase"], final["lr"], final["status"]) == ("test", "0.1", "ok")
-  assert float(final["accuracy"]) > 0.2  # Chance: 0.1; 30 steps from a random init.
-  assert "fashion_mnist | custom | 0.1 |" in (tmp_path / "results.md").read_text()
-  assert (tmp_path / "results.png").stat().st_size > 0
-
-  task_rows = pathlib.Path(final["workdir"]).parent / "rows.csv"
-  task_rows.write_text(task_rows.read_text().splitlines(keepends=True)[0])  # Header only.
-  assert transfer.main([*flags, "--lr_grid=0.0001,0.1"]) == 1
-  assert "vtab1k/dtd" in capfd.readouterr().out
-  rows = rows_of(tmp_path, "fashion_mnist")
-  assert [(r["phase"], r["lr"], r["status"]) for r in rows] == [
-      ("minival", "0.0001", "ok"), ("minival", "0.1", "ok"), ("test", "0.1", "ok")]
-  assert float(rows[1]["accuracy"]) > float(rows[0]["accuracy"])
-  assert rows[2]["accuracy"] == final["accuracy"]  # The same checkpoint, evaluated again.
-  assert len(rows_of(tmp_path, "vtab1k/dtd")) == 2
-  assert transfer.main(["--report_only", "--out_dir", str(tmp_path)]) == 1
-  assert "| fashion_mnist | custom | 0.1 |" in capfd.readouterr().out
-
-
 FAKE_SBATCH = """#!{python}
 import json, os, sys
 with open(os.environ["SBATCH_LOG"], "a") as f:
@@ -209,48 +141,6 @@ def test_tpu_vms_each_run_their_share_then_the_report(tiny_npz, capfd):
   assert "single-host TPU VMs" in capfd.readouterr().err
   assert transfer.main([tiny_npz, *flags[1:4], "/tmp/vtab", *flags[5:], "v4-8"]) == cli.USAGE
   assert f"on this machine: {tiny_npz}" in capfd.readouterr().err
-
-
-def _task_rows(out_dir, task: str) -> list[dict[str, str]]:
-  rows = [r for p in pathlib.Path(out_dir).glob("*/*/rows.csv") for r in csv.DictReader(open(p))]
-  return [r for r in rows if r["task"] == task]
-
-
-@pytest.mark.slow
-def test_sigterm_stops_a_sweep_after_saving_and_the_rerun_completes_it(
-    tmp_path, dataset, digits_folder, tiny_npz):
-  """SIGTERM (a pre-emption) while a two-task sweep trains its first task: that task saves and
-  writes no row, the second never starts, the status is 143; the rerun resumes the first from
-  its checkpoint and runs the second, and no row says failed."""
-  _, data_dir = dataset
-  flags = [tiny_npz, "--suite", f"fashion_mnist,{digits_folder}", "--out_dir", str(tmp_path),
-           "--image_size=28", "--batch_size=16", "--steps=150", "--lr_grid=0.1",
-           "--data_dir", data_dir]
-  proc = subprocess.Popen([sys.executable, "-m", "vit_jax.tools.transfer", *flags],
-                          env=cpu_env(), cwd=REPO, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
-  training = lambda: list(tmp_path.glob("*/fashion_mnist/**/events.out.tfevents.*"))  # noqa
-  t0 = time.time()
-  while not training():
-    assert proc.poll() is None and time.time() - t0 < 300, proc.communicate()[1][-3000:]
-    time.sleep(0.1)
-  proc.send_signal(signal.SIGTERM)  # The job's handler is in place once its events file is.
-  _, stderr = proc.communicate(timeout=120)
-  assert proc.returncode == 143, stderr[-3000:]
-  step = int(re.search(r"Stopped: saved step (\d+)", stderr)[1])
-  assert 0 < step < 150
-  [last] = stderr.strip().splitlines()[-1:]
-  assert re.fullmatch(rf"stopped by SIGTERM after saving step {step} to \S+; rerun the same "
-                      "command to resume", last), stderr[-3000:]
-  assert _task_rows(tmp_path, "fashion_mnist") == [] == _task_rows(tmp_path, digits_folder)
-  assert not list(tmp_path.glob(f"*/{pathlib.Path(digits_folder).name}*"))
-
-  assert transfer.main(flags) == 0
-  rows = _task_rows(tmp_path, "fashion_mnist") + _task_rows(tmp_path, digits_folder)
-  assert [(r["task"], r["phase"], r["status"]) for r in rows] == [
-      ("fashion_mnist", "test", "ok"), (digits_folder, "test", "ok")]
-  resumed = read_scalars(rows[0]["workdir"], "train_loss", newest_file_only=True)
-  assert min(resumed) > step and max(resumed) == 150  # From the saved step, not from 0.
 
 
 def test_a_signal_between_jobs_stops_the_sweep_before_the_next(monkeypatch, tmp_path, tiny_npz):

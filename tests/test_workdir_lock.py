@@ -1,18 +1,15 @@
 """A workdir is owned by one process: WORKDIR/lock names it (host, PID), taken atomically before
 the run writes there and removed when it ends; a dead process's lock is taken over, a live
-one's (or another host's) refused with one line naming the holder; a second `vit-train` on a
-workdir in use exits 2 and writes nothing there."""
+one's (or another host's) refused with one line naming the holder (a second `vit-train` on a
+workdir in use: test_e2e_train.py)."""
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
-import time
 
 import pytest
 
-from helpers import REPO, cli, cpu_env
 from vit_jax.checkpoint import workdir_lock
 
 
@@ -94,45 +91,3 @@ def test_only_process_0_takes_it(tmp_path, monkeypatch):
   import jax
   monkeypatch.setattr(jax, "process_index", lambda: 1)
   assert workdir_lock.take(str(tmp_path)) is None and os.listdir(tmp_path) == []
-
-
-def _wait_for(path, proc, timeout=300):
-  t0 = time.time()
-  while not os.path.exists(path):
-    assert proc.poll() is None, f"exited {proc.returncode} before {path} appeared"
-    assert time.time() - t0 < timeout, f"{path} never appeared"
-    time.sleep(0.2)
-
-
-def files(folder) -> list[str]:
-  return sorted(os.path.relpath(os.path.join(d, f), folder)
-                for d, _, names in os.walk(folder) for f in names)
-
-
-def test_a_second_vit_train_on_a_workdir_in_use_exits_2_and_writes_nothing(tmp_path, dataset):
-  workdir = tmp_path / "run"
-  first_err = open(tmp_path / "first.stderr", "w")  # A file: a full pipe would stop it.
-  first = subprocess.Popen(cli(workdir, dataset, "--config.total_steps=100000"), env=cpu_env(),
-                           cwd=REPO, stdout=subprocess.DEVNULL, stderr=first_err)
-  try:
-    _wait_for(workdir / "checkpoints" / "4", first)  # Training.
-    first.send_signal(signal.SIGSTOP)  # Alive, holding the lock, its files as they are.
-    before, lock = files(workdir), (workdir / "lock").read_text()
-    second = subprocess.run(cli(workdir, dataset), env=cpu_env(), cwd=REPO,
-                            capture_output=True, text=True, timeout=600)
-    assert second.returncode == 2, second.stderr[-3000:]
-    assert second.stderr.splitlines() == [
-        f"error: {workdir} is in use by PID {first.pid} on host {socket.gethostname()} (since "
-        f"{json.loads(lock)['since']}): wait for it, stop it, or remove {workdir}/lock if that "
-        "process is gone."], second.stderr[-3000:]
-    assert files(workdir) == before and (workdir / "lock").read_text() == lock
-    assert (workdir / "train.log").read_text().count("] Command: ") == 1  # The first's.
-    first.send_signal(signal.SIGCONT)
-    first.send_signal(signal.SIGTERM)  # It saves a checkpoint and stops, with 128 + SIGTERM.
-    assert first.wait(timeout=120) == 143, (tmp_path / "first.stderr").read_text()[-3000:]
-  finally:
-    if first.poll() is None:
-      first.kill()
-    first_err.close()
-  assert "Stopped: saved step" in (tmp_path / "first.stderr").read_text()
-  assert not (workdir / "lock").exists()

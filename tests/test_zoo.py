@@ -1,100 +1,23 @@
-"""The AugReg zoo by name: the shipped table of Hub copies (rebuilt from the installed timm),
-`augreg:` specs resolved to the Hub first and to a zoo folder laid out like
-gs://vit_models/augreg otherwise, index, list, fetch into the cache, offline errors, and a
-fine-tune / few-shot start from `augreg:Ti_16`. No network: HF_HUB_OFFLINE=1 throughout."""
+"""The AugReg zoo by name (checkpoint/augreg.py, and `vit-zoo`, tools/zoo.py): the shipped table
+of Hub copies (rebuilt from the installed timm), `augreg:` specs resolved to the Hub first and
+to a zoo folder laid out like gs://vit_models/augreg otherwise, index, list, fetch into the
+cache, offline errors (a fine-tune / few-shot start from `augreg:Ti_16`:
+test_e2e_pretrained.py). No network: HF_HUB_OFFLINE=1 throughout."""
 import csv
 import json
 import os
 import re
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
 
-from helpers import tiny_config
+from helpers import AUGREG_TINY as TINY
+from helpers import HEADER, IMNET_384, R26, R_TI, ROWS, S16, TI, TI_I1K, TI_LIGHT
 from vit_jax import checkpoint, models
-from vit_jax.tools import fewshot, zoo
+from vit_jax.tools import zoo
 from vit_jax.checkpoint import augreg
 from vit_jax.models import timm_models  # torch before TensorFlow: see conftest.py
-from vit_jax.train import loop
 
-# The bucket's header (the published columns, with `epochs` after `ds`).
-HEADER = ["name", "ds", "epochs", "lr", "aug", "wd", "do", "sd", "best_val", "final_val",
-          "final_test", "adapt_ds", "adapt_lr", "adapt_steps", "adapt_resolution",
-          "adapt_final_val", "adapt_final_test", "params", "infer_samples_per_sec",
-          "filename", "adapt_filename"]
-# Real filenames (the official README and Colab, timm's configs); the numbers are made up
-# except where the Colab prints them (adapt_final_test of the recommended ImageNet
-# adaptations, infer_samples_per_sec).
-TI = "Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0"        # Recommended.
-TI_LIGHT = "Ti_16-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0"
-TI_I1K = "Ti_16-i1k-300ep-lr_0.001-aug_light0-wd_0.1-do_0.0-sd_0.0"
-R_TI = "R_Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0"
-R26 = "R26_S_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0"
-S16 = "S_16-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0"
-IMNET_384 = "--imagenet2012-steps_20k-lr_0.03-res_384"
-ROWS = [
-    # name, ds, epochs, lr, aug, wd, do, sd, best_val, final_val, final_test,
-    # adapt_ds, adapt_lr, adapt_steps, adapt_resolution, adapt_final_val, adapt_final_test,
-    # params, infer_samples_per_sec, filename, adapt_filename
-    ["Ti/16", "i21k", 300, 0.001, "none", 0.03, 0.0, 0.0, 0.3712, 0.3702, 0.3671,
-     "imagenet2012", 0.03, 20000, 384, 0.7891, 0.7822, 5717416, 609.58, TI, TI + IMNET_384],
-    ["Ti/16", "i21k", 300, 0.001, "none", 0.03, 0.0, 0.0, 0.3712, 0.3702, 0.3671,
-     "imagenet2012", 0.03, 20000, 224, 0.7541, 0.7510, 5717416, "",
-     TI, TI + "--imagenet2012-steps_20k-lr_0.03-res_224"],
-    ["Ti/16", "i21k", 300, 0.001, "light1", 0.1, 0.0, 0.0, 0.3601, 0.3598, 0.3560,
-     "cifar100", 0.01, 10000, 224, 0.8702, 0.8655, 5717416, "",
-     TI_LIGHT, TI_LIGHT + "--cifar100-steps_10k-lr_0.01-res_224"],
-    # Higher final_val than any i21k row (another label space): must not be chosen.
-    ["Ti/16", "i1k", 300, 0.001, "light0", 0.1, 0.0, 0.0, 0.7301, 0.7288, 0.7102,
-     "imagenet2012", 0.01, 20000, 224, 0.7321, 0.7299, 5717416, "",
-     TI_I1K, TI_I1K + "--imagenet2012-steps_20k-lr_0.01-res_224"],
-    ["R+Ti/16", "i21k", 300, 0.001, "none", 0.03, 0.0, 0.0, 0.3530, 0.3521, 0.3499,
-     "imagenet2012", 0.03, 20000, 384, 0.7602, 0.7540, 6337704, 2425.77, R_TI, R_TI + IMNET_384],
-    ["R26+S/32", "i21k", 300, 0.001, "light1", 0.1, 0.0, 0.0, 0.4391, 0.4385, 0.4350,
-     "oxford_iiit_pet", 0.03, 500, 384, 0.953804, 0.941128, 36431912, 560.40,
-     R26, R26 + "--oxford_iiit_pet-steps_0k-lr_0.03-res_384"],
-    ["S/16", "i21k", 300, 0.001, "light1", 0.03, 0.0, 0.0, 0.4502, 0.4497, 0.4468,
-     "imagenet2012", 0.03, 20000, 384, 0.8401, 0.83728, 22050664, 300.12, S16, S16 + IMNET_384],
-]
-TINY = dict(hidden_size=16, mlp_dim=32, num_heads=2, num_layers=2)
-CLASSES = {"i21k": 21843, "imagenet2012": 1000, "cifar100": 100, "oxford_iiit_pet": 37}
-
-
-def write_checkpoint(path, filename: str) -> None:
-  """A small .npz with the real key layout, class count and position-embedding grid."""
-  adapted = "--" in filename
-  ds = filename.split("--")[1].split("-")[0] if adapted else "i21k"
-  model = models.create_model(augreg.registry_name(filename.split("-")[0]),
-                              num_classes=CLASSES[ds], **TINY)
-  size = augreg.image_size(filename)
-  shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, size, size, 3)))["params"]
-  rng = np.random.default_rng(len(filename))
-  params = jax.tree.map(lambda s: rng.normal(0, 0.02, s.shape).astype(np.float32), shapes)
-  checkpoint.save_npz(str(path / f"{filename}.npz"), params)
-
-
-@pytest.fixture(scope="module")
-def zoo_dir(tmp_path_factory):
-  root = tmp_path_factory.mktemp("augreg")
-  with open(root / "index.csv", "w", newline="") as f:
-    writer = csv.writer(f)
-    writer.writerow(HEADER)
-    writer.writerows(ROWS)
-  for filename in (TI, TI + IMNET_384, R_TI, R26):
-    write_checkpoint(root, filename)
-  return str(root)
-
-
-@pytest.fixture(autouse=True)
-def hub_offline(tmp_path, monkeypatch):
-  """huggingface_hub offline, on an empty cache of its own (its constants are read at import)."""
-  from huggingface_hub import constants
-  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-  monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-  monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf_hub"))
-  return tmp_path / "hf_hub"
+pytestmark = pytest.mark.usefixtures("hub_offline")  # conftest.py's, for every test here.
 
 
 @pytest.fixture
@@ -444,24 +367,3 @@ def test_fetch_downloads_a_hub_copy_into_huggingface_hubs_cache(cache_dir, hub_o
       "error: Cannot download timm/vit_tiny_patch16_224.augreg_in21k from the Hugging Face Hub "
       "(LocalEntryNotFoundError")
   assert len([line for line in err.splitlines() if "Cannot download" in line]) == 1
-
-
-# Starting work from `augreg:`: fine-tune a few steps, few-shot sweep, through the entry points.
-
-def test_finetune_and_fewshot_from_augreg(zoo_dir, tmp_path, monkeypatch, digits_folder):
-  monkeypatch.setenv("VIT_JAX_AUGREG_DIR", zoo_dir)
-  monkeypatch.setenv("VIT_JAX_CACHE", str(tmp_path / "cache"))
-  c = tiny_config((digits_folder, None), total_steps=4, checkpoint_every_steps=4,
-                  pretrained="augreg:Ti_16", **{f"model.{k}": v for k, v in TINY.items()},
-                  **{"model.patch_size": 16, "data.image_size": 32, "data.eval_split": "test"})
-  metrics = loop.train_and_evaluate(c, str(tmp_path / "ft"))
-  assert metrics["num_examples"] == 297  # The digits' test split, every example once.
-  cached = tmp_path / "cache" / "augreg" / f"{TI}.npz"
-  assert cached.is_file()  # Fetched once; the sweep below reads the cache.
-  out_dir = tmp_path / "sweep"
-  code = fewshot.main(["augreg:Ti_16", str(tmp_path / "ft"), f"--datasets={digits_folder}",
-                       "--image_size=32", "--shots=1,5", "--seeds=2", f"--out_dir={out_dir}"])
-  assert code == 0
-  rows = list(csv.DictReader(open(out_dir / "fewshot.csv")))
-  assert {r["checkpoint"] for r in rows} == {"augreg:Ti_16", str(tmp_path / "ft")}
-  assert all(0.0 <= float(r["mean"]) <= 1.0 for r in rows) and len(rows) == 4

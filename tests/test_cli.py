@@ -1,8 +1,9 @@
-"""The README's contract, for every console script setup.py installs: an input error is exit
-status 2 and one `error:` line on stderr (no traceback, no log lines above it), nothing is
-left where the refused run would have written, and an error in the arguments themselves is
-told before TensorFlow loads (seconds). The table below must name every command, so that a
-new one cannot go unchecked."""
+"""tools/cli.py: the README's contract, for every console script setup.py installs: an input
+error is exit status 2 and one `error:` line on stderr (no traceback, no log lines above it),
+nothing is left where the refused run would have written, and an error in the arguments
+themselves is told before TensorFlow loads (seconds). The table below must name every command,
+so that a new one cannot go unchecked. And `python -m vit_jax.main`, the official repository's
+command, as vit-train."""
 import ast
 import dataclasses
 from concurrent import futures
@@ -177,3 +178,12 @@ def test_every_command_answers_an_input_error_with_one_line_and_status_2(tmp_pat
       wrong.append(f"{case.command} ({case.what}): status {r.returncode}, TensorFlow loaded: "
                    f"{tf_loaded}, left behind: {left}, stderr:\n{r.stderr[-1500:]}")
   assert not wrong, "\n\n".join(wrong)
+
+
+def test_python_m_vit_jax_main_is_vit_train():
+  usage = subprocess.run([sys.executable, "-m", "vit_jax.main", "--help"], cwd=REPO,
+                         env=cpu_env(), capture_output=True, text=True, timeout=300)
+  assert usage.returncode == 0, usage.stderr[-3000:]
+  for flag in ("--config", "--workdir", "--verbose", "--distributed"):
+    assert flag in usage.stdout, usage.stdout
+  assert usage.stdout.startswith("Trains and evaluates a ViT")

@@ -1,12 +1,9 @@
-"""`vit-inspect`: the report on every kind of checkpoint path, its fine-tuning
-command, the figures, bad inputs; and the mean attention distance on known answers."""
-import itertools
+"""`vit-inspect` (tools/inspect_checkpoint.py): the report on every kind of checkpoint path, its
+fine-tuning command, the figures, bad inputs, the mean attention distance it reports (a
+training run's workdir: test_e2e_checkpoints.py)."""
 import json
-import math
-import shlex
 import subprocess
 import sys
-import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -14,20 +11,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from helpers import (REPO, big_vision_layout, cpu_env, new_flax_layout, random_params,
-                     tiny_config)
+from helpers import (REPO, assert_finetuning_loads_the_file, big_vision_layout, cpu_env,
+                     new_flax_layout, random_params, run_inspect)
 from vit_jax import checkpoint, explore, models
 from vit_jax.tools import inspect_checkpoint as inspect_cli
+
 
 TINY = dict(patch_size=7, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2)
 HYBRID_TINY = dict(hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2,
                    resnet_layers=(1, 1, 1, 1))
-
-
-def run_inspect(capsys, *argv: str) -> tuple[int, str, str]:
-  rc = inspect_cli.main([str(a) for a in argv])
-  out, err = capsys.readouterr()
-  return rc, out, err
 
 
 @pytest.fixture(scope="module")
@@ -41,99 +33,6 @@ def tiny(tmp_path_factory):
   checkpoint.save_npz(str(trained), params)
   checkpoint.save_npz(str(zero), model.init(jax.random.key(0), jnp.zeros((1, 28, 28, 3)))["params"])
   return str(trained), str(zero), checkpoint.flatten(params)
-
-
-def parse_finetune_command(command: str, monkeypatch):
-  """The config `vit-train` would build from `command`, validated."""
-  from absl import flags
-  from ml_collections import config_flags
-  from vit_jax.tools import train
-  from vit_jax.train import config as config_lib
-  argv = shlex.split(command)
-  assert argv[0] == "vit-train"
-  monkeypatch.chdir(tempfile.gettempdir())  # The command runs from any working directory.
-  argv = train.resolve_config_flag(argv)  # As vit-train: a config's name to its file.
-  values = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", None, "", flag_values=values, sys_argv=argv)
-  flags.DEFINE_string("workdir", None, "", flag_values=values)
-  values(argv)
-  config_lib.validate(values.config)
-  return values.config
-
-
-def assert_finetuning_loads_the_file(command: str, monkeypatch, num_classes: int = 10):
-  """The command's model takes the file's arrays: what `main` does before its first step."""
-  from vit_jax.train import run_setup
-  c = parse_finetune_command(command, monkeypatch)
-  model = run_setup.build_model(c, num_classes)
-  size = c.data.image_size
-  abstract = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, size, size, 3)))
-  params = checkpoint.load_params(c.pretrained, abstract["params"])
-  assert params["head"]["kernel"].shape[-1] == num_classes
-  return c
-
-
-# Mean attention distance on attention patterns with known answers.
-
-def with_class_token(patch_attention: np.ndarray, to_class: float) -> np.ndarray:
-  """(..., N, N) rows over the patches -> (..., N+1, N+1): every patch row gives `to_class`
-  of its attention to the class token; the class token's own row is uniform."""
-  *lead, n, _ = patch_attention.shape
-  out = np.zeros((*lead, n + 1, n + 1))
-  out[..., 0, :] = 1 / (n + 1)
-  out[..., 1:, 0] = to_class
-  out[..., 1:, 1:] = (1 - to_class) * patch_attention
-  return out
-
-
-def mean_pairwise_distance(h: int, w: int, patch_px: float) -> float:
-  """Over all ordered pairs of patches (a patch with itself included), by enumeration."""
-  cells = list(itertools.product(range(h), range(w)))
-  total = sum(math.hypot(a[0] - b[0], a[1] - b[1]) for a in cells for b in cells)
-  return patch_px * total / len(cells)**2
-
-
-@pytest.mark.parametrize("has_class_token", [True, False])
-def test_attending_only_to_itself_is_distance_zero(has_class_token):
-  n = 12
-  attention = np.tile(np.eye(n), (2, 3, 1, 1))  # (images, heads, N, N)
-  if has_class_token:  # Most attention on the class token does not move the answer.
-    attention = with_class_token(attention, to_class=0.9)
-  distances = explore.mean_attention_distance([attention] * 4, (3, 4), 16, has_class_token)
-  assert distances.shape == (4, 3)
-  np.testing.assert_array_equal(distances, 0)
-
-
-@pytest.mark.parametrize("grid", [(2, 2), (4, 4), (3, 5)])
-def test_uniform_attention_is_the_mean_pairwise_distance(grid):
-  n = grid[0] * grid[1]
-  patches_only = np.full((1, 2, n, n), 1 / n)
-  uniform_over_tokens = np.full((1, 2, n + 1, n + 1), 1 / (n + 1))
-  expected = mean_pairwise_distance(*grid, patch_px=16)
-  for attention, has_class_token in ((patches_only, False), (uniform_over_tokens, True)):
-    distances = explore.mean_attention_distance([attention], grid, 16, has_class_token)
-    np.testing.assert_allclose(distances, expected, rtol=1e-12)
-  # 2x2: from each patch, itself (0), two neighbours (1) and the diagonal (sqrt 2), x16 px.
-  if grid == (2, 2):
-    np.testing.assert_allclose(expected, 16 * (2 + math.sqrt(2)) / 4)
-
-
-def test_heads_layers_and_images_are_kept_apart_and_averaged():
-  """Head 0 attends to the patch on its right (itself in the last column): (w-1)/w patches
-  away on average; head 1 to itself. Images: the two swap heads, so the mean is half."""
-  h, w, px = 3, 4, 10
-  right = np.zeros((h * w, h * w))
-  for q in range(h * w):
-    right[q, q + 1 if q % w < w - 1 else q] = 1
-  image_0 = np.stack([right, np.eye(h * w)])
-  image_1 = image_0[::-1]
-  one = explore.mean_attention_distance([image_0[None]], (h, w), px, False)
-  np.testing.assert_allclose(one, [[px * (w - 1) / w, 0]])
-  both = explore.mean_attention_distance(
-      [np.stack([image_0, image_1]), np.stack([image_0, image_0])], (h, w), px, False)
-  np.testing.assert_allclose(both, [[px * (w - 1) / w / 2] * 2, [px * (w - 1) / w, 0]])
-  with pytest.raises(ValueError, match="does not fit a 3x3 grid"):
-    explore.mean_attention_distance([image_0[None]], (3, 3), px, False)
 
 
 def test_the_model_distance_averages_over_all_images_in_any_batch_size(tiny):
@@ -273,29 +172,6 @@ def test_an_augreg_name(tiny, tmp_path, capsys, monkeypatch):
   assert rc == 0 and report["source"] == str(tmp_path / "augreg" / f"{name}.npz")
   assert report["head_all_zeros"] is True
   assert f"--config.pretrained=augreg:{name}" in report["finetune_command"]
-
-
-@pytest.mark.slow
-def test_a_workdir_and_its_step_dir(tmp_path, capsys, monkeypatch, dataset):
-  from vit_jax.train import loop
-  loop.train_and_evaluate(tiny_config(dataset, total_steps=2), str(tmp_path))
-  step_dir = tmp_path / "checkpoints" / "2"
-  for path in (tmp_path, step_dir):
-    rc, out, _ = run_inspect(capsys, path, "--json")
-    report = json.loads(out)
-    assert rc == 0 and report["source"] == str(step_dir)
-    assert report["model"] is None and report["run_model_name"] == "ViT-Ti_16"
-    assert report["fields"]["patch_size"] == 7 and report["image_size"] == 28
-    assert report["num_classes"] == 10 and report["head"] == "trained"
-  c = assert_finetuning_loads_the_file(report["finetune_command"], monkeypatch)
-  assert c.model_name == "ViT-Ti_16" and c.pretrained == str(step_dir)
-  assert report["description"]["class_names"][:2] == ["T-shirt/top", "Trouser"]
-  rc, out, _ = run_inspect(capsys, tmp_path)
-  assert "no registry name fits (a run of ViT-Ti_16 with overrides)" in out
-  assert f"read           {step_dir}" in out
-  assert "input          28 px RGB, resized; [0, 255] -> [-1, 1]\n" in out
-  assert "class names    T-shirt/top, Trouser, Pullover," in out
-  assert "origin         trained on fashion_mnist; step 2\n" in out
 
 
 # Bad inputs.

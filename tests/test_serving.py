@@ -1,19 +1,16 @@
-"""Serving formats (vit_jax.serving, `vit-export --format`): a SavedModel
-through jax2tf, TFLite from it, ONNX from that, each giving JAX's logits on real images
-(scikit-learn's digits) for a plain ViT and a hybrid, at batch sizes 1 and 7."""
+"""Serving formats (vit_jax.serving, `vit-export --format`): a SavedModel through jax2tf,
+TFLite from it, ONNX from that, each giving JAX's logits on real images (scikit-learn's
+digits) for a plain ViT and a hybrid, at batch sizes 1 and 7 (`vit-export` as a user runs it,
+and a training run exported: test_e2e_checkpoints.py)."""
 import glob
 import os
-import sys
 
 import numpy as np
 import pytest
 
-from helpers import TINY_SERVING_MODELS, run_cli, tiny_config, tiny_serving_checkpoint
+from helpers import TINY_SERVING_MODELS, TOLERANCE, jax_logits, tiny_serving_checkpoint
 from vit_jax import checkpoint
 from vit_jax.serving import convert, images, onnx, runners, savedmodel, tflite
-
-# Max |logit difference| from JAX's, float32 throughout.
-TOLERANCE = {"savedmodel": 1e-4, "tflite": 1e-3, "onnx": 1e-4}
 
 
 @pytest.fixture(scope="module", params=sorted(TINY_SERVING_MODELS))
@@ -28,13 +25,6 @@ def exported(request, tmp_path_factory, digits_folder):
   files = sorted(glob.glob(os.path.join(digits_folder, "test", "*", "*.png")))[::40][:7]
   batch = np.stack([images.read_image(f, loaded.image_size) for f in files])
   return kind, loaded, paths, batch
-
-
-def jax_logits(loaded, batch: np.ndarray) -> np.ndarray:
-  """The reference: the model applied to the input pipeline's preprocessing of `batch`."""
-  from vit_jax.data import preprocess as pp
-  x = pp.apply_preprocessing(batch, loaded.description.preprocessing).numpy()
-  return np.asarray(loaded.model.apply({"params": loaded.params}, x, train=False))
 
 
 @pytest.mark.parametrize("batch_size", [1, 7])
@@ -137,40 +127,6 @@ def test_headless_models_and_unknown_formats_are_refused(tmp_path):
     convert.write(checkpoint.load(path), str(tmp_path / "x"), "torchscript")
 
 
-def test_export_cli_writes_each_format(tmp_path, digits_folder):
-  """`vit-export CKPT OUT --format F` end to end, the position embedding
-  resized to another resolution on the way."""
-  path = tiny_serving_checkpoint(tmp_path / "model.npz", "plain")
-  out = tmp_path / "model.onnx"
-  r = run_cli([sys.executable, "-m", "vit_jax.tools.export", path, str(out), "--format", "onnx",
-               "--image_size", "48"])
-  assert r.returncode == 0, r.stderr
-  assert f"Wrote {out} (onnx): custom ViT; 48px; 10 classes" in r.stdout
-  runner = runners.open_model(str(out))
-  assert runner.image_size == 48
-  loaded = checkpoint.load(path, image_size=48)
-  files = sorted(glob.glob(os.path.join(digits_folder, "test", "*", "*.png")))[:3]
-  batch = np.stack([images.read_image(f, 48) for f in files])
-  assert np.abs(runner(batch) - jax_logits(loaded, batch)).max() <= TOLERANCE["onnx"]
-  r = run_cli([sys.executable, "-m", "vit_jax.tools.export", path, str(tmp_path / "x.npz"), "--model",
-               "ViT-Ti_16"])
-  assert r.returncode == 2 and "--model and --image_size apply to the serving formats" in r.stderr
-
-
-@pytest.mark.slow
-def test_a_training_run_exports_from_its_workdir_and_step_dir(tmp_path, dataset, digits_folder):
-  from vit_jax.train import loop
-  loop.train_and_evaluate(tiny_config(dataset, total_steps=2), str(tmp_path / "run"))
-  files = sorted(glob.glob(os.path.join(digits_folder, "test", "*", "*.png")))[:7]
-  for path, fmt, out in ((tmp_path / "run", "savedmodel", tmp_path / "saved_model"),
-                         (tmp_path / "run" / "checkpoints" / "2", "tflite", tmp_path / "m.tflite")):
-    loaded = convert.export(str(path), str(out), fmt)
-    assert loaded.model.name_in_registry == "ViT-Ti_16" and loaded.image_size == 28
-    batch = np.stack([images.read_image(f, 28) for f in files])
-    diff = np.abs(runners.open_model(str(out))(batch) - jax_logits(loaded, batch)).max()
-    assert diff <= TOLERANCE[fmt], (fmt, diff)
-
-
 def test_inspect_opens_each_format_and_refuses_a_truncated_one(exported, tmp_path, capsys):
   """vit-inspect reports an exported model only once its runtime opened it: cut to half, each
   format is one `error:` line and status 2, not a healthy-looking report."""
@@ -213,4 +169,3 @@ def test_every_format_of_the_table_keeps_the_contract_and_every_command_offers_i
     assert [f for f, name in files.items() if name and module.holds(name)] == (
         [fmt] if files[fmt] else [])
     assert fmt in export.FORMATS and fmt in runners.FORMATS
-

@@ -1,6 +1,6 @@
-"""vit-train's console: one progress bar on a terminal, a plain line per log interval without
-one, the library's logs in WORKDIR/train.log, a summary that says what to run next; and
-`python -m vit_jax.main`, the official repository's command, as vit-train."""
+"""vit-train's console, end to end: one progress bar on a terminal, a plain line per log
+interval without one, the library's logs in WORKDIR/train.log, a summary that says what to run
+next."""
 import fcntl
 import os
 import pty
@@ -9,13 +9,13 @@ import select
 import shutil
 import struct
 import subprocess
-import sys
 import termios
 import time
 
 import pytest
 
 from helpers import REPO, cli, cpu_env, run_cli
+
 
 # A line as absl writes it (`I1126 01:10:05.404573 140637835959168 train.py:128] ...`), at the
 # start of the output or after a line break or a bar's carriage return.
@@ -103,12 +103,3 @@ def test_without_a_terminal_a_line_per_interval_and_a_resume_says_so(terminal_ru
   log = (workdir / "train.log").read_text()
   assert len(re.findall(r"\] Command: ", log)) == 2, log  # Appended to on the resume.
   assert re.search(r"^I\d{4} .*\] \[24\] .*train_loss=", log, re.M), log
-
-
-def test_python_m_vit_jax_main_is_vit_train():
-  usage = subprocess.run([sys.executable, "-m", "vit_jax.main", "--help"], cwd=REPO,
-                         env=cpu_env(), capture_output=True, text=True, timeout=300)
-  assert usage.returncode == 0, usage.stderr[-3000:]
-  for flag in ("--config", "--workdir", "--verbose", "--distributed"):
-    assert flag in usage.stdout, usage.stdout
-  assert usage.stdout.startswith("Trains and evaluates a ViT")

@@ -1,6 +1,7 @@
 """A run is resumed exactly or refused with a reason: damaged checkpoints are set aside and the
-run goes on from the newest step that verifies; changed configs are refused field by field;
-a finished run reports its result; kill -9 and damage at random moments lose nothing."""
+run goes on from the newest step that verifies; changed configs are refused field by field,
+another model's workdir even with the opt-in; a finished run reports its result; kill -9 and
+damage at random moments lose nothing (SIGTERM and stalls: test_e2e_stop.py)."""
 import random
 import shutil
 import signal
@@ -168,3 +169,15 @@ def test_random_kills_and_damage_lose_nothing(tmp_path, dataset):
                                 [expected[s] for s in range(1, 101)])
   print(f"\nkills: {kills}, runs: {runs}, damaged (step, how): {damaged}, set aside: {corrupt}, "
         f"newest checkpoint lost per interruption (steps): {lost}")
+
+
+def test_workdir_of_another_model_refuses_to_resume(tmp_path, dataset):
+  loop.train_and_evaluate(tiny_config(dataset, total_steps=4), str(tmp_path))
+  other = tiny_config(dataset, total_steps=4, **{"model.hidden_size": 48})
+  with pytest.raises(ValueError, match=r"different model.*\n  model.hidden_size: checkpoint 32, "
+                     r"config 48\nUse a new --workdir"):
+    loop.train_and_evaluate(other, str(tmp_path))
+  # Even with the opt-in for other changes: the state would not fit.
+  other.allow_resume_changes = True
+  with pytest.raises(ValueError, match="different model"):
+    loop.train_and_evaluate(other, str(tmp_path))

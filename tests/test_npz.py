@@ -1,4 +1,7 @@
-"""Checkpoint interchange: layouts, fitting to a model, round trips, timm equivalence."""
+"""Checkpoint interchange (checkpoint/npz.py): layouts, fitting to a model, round trips, timm
+equivalence, bad files refused, and a bucket of one's own read straight from gs://."""
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +11,7 @@ import scipy.ndimage
 from helpers import big_vision_layout, new_flax_layout, random_params
 from vit_jax import checkpoint, models
 from vit_jax.models import timm_models
+
 
 TINY = dict(hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2, patch_size=8)
 HYBRID_TINY = dict(hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2, resnet_layers=(1, 1, 1, 1))
@@ -199,3 +203,31 @@ def test_logits_match_timm_both_directions(tmp_path, name):
   loaded = checkpoint.load_npz(path, target=params)
   np.testing.assert_allclose(np.asarray(jax.jit(model.apply)({"params": loaded}, images)),
                              timm_models.logits(reference, images), rtol=0, atol=1e-4)
+
+
+def test_checkpoints_in_a_bucket_of_ones_own_are_read_through_tf_gfile(tmp_path, monkeypatch):
+  """etils.epath hands gs:// paths to TensorFlow's gfile (which reads the buckets the user's
+  credentials reach: their own, a mirror of gs://vit_models); here gfile is pointed at a local
+  copy of the bucket."""
+  import tensorflow as tf
+  from vit_jax import checkpoint
+
+  bucket = tmp_path / "my-bucket" / "vit_models" / "imagenet21k"
+  bucket.mkdir(parents=True)
+  arrays = {"cls": np.zeros((1, 1, 8), np.float32), "head/kernel": np.ones((8, 3), np.float32)}
+  with open(bucket / "ViT-B_16.npz", "wb") as f:
+    np.savez(f, **arrays)
+  opened = []
+  local = lambda path: str(path).replace("gs://", f"{tmp_path}/")
+
+  def gfile_open(path, mode="r"):
+    opened.append(str(path))
+    return open(local(path), mode)
+
+  monkeypatch.setattr(tf.io.gfile, "GFile", gfile_open)
+  monkeypatch.setattr(tf.io.gfile, "exists", lambda p: os.path.exists(local(p)))
+  monkeypatch.setattr(tf.io.gfile, "isdir", lambda p: os.path.isdir(local(p)))
+  flat = checkpoint.load_npz_flat("gs://my-bucket/vit_models/imagenet21k/ViT-B_16.npz")
+  assert opened == ["gs://my-bucket/vit_models/imagenet21k/ViT-B_16.npz"]
+  assert set(flat) == set(arrays)
+  np.testing.assert_array_equal(flat["head/kernel"], arrays["head/kernel"])

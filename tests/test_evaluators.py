@@ -1,8 +1,7 @@
-"""Evaluators (config.evals, evaluators/registry.py): ImageNet ReaL's scoring of label sets on
-a hand-made case, its labels from a TFDS example, label sets through the eval pipeline's
-padding, an extra evaluation wired into a run, an evaluator of the user's run by a training
-run with no file of the package changed, and the forms config.evals replaced refused with
-their translation."""
+"""Evaluators (config.evals, evaluators/registry.py; classification.py): ImageNet ReaL's scoring
+of label sets on a hand-made case, its labels from a TFDS example, label sets through the eval
+pipeline's padding, and the forms config.evals replaced refused with their translation (an
+extra evaluation and a user's evaluator in a training run: test_e2e_train.py)."""
 import sys
 import textwrap
 
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import read_scalars, run_cli, tiny_config
+from helpers import run_cli, tiny_config
 from vit_jax import data
 from vit_jax.config_errors import ConfigError
 from vit_jax.data import pipeline, sources, tasks
@@ -125,59 +124,3 @@ def test_the_forms_config_evals_replaced_are_refused_with_their_translation(tmp_
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and wanted in errors[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
-
-
-@pytest.mark.slow
-def test_an_extra_evaluation_runs_beside_the_runs_own(tmp_path, dataset):
-  from vit_jax.train import loop
-  c = tiny_config(dataset, total_steps=2)
-  c.evals.again = registry.entry_config("classification", dataset=dataset[0], split="test[:256]")
-  metrics = loop.train_and_evaluate(c, str(tmp_path))
-  assert metrics["again_num_examples"] == metrics["num_examples"] == 256
-  assert metrics["again_accuracy"] == metrics["accuracy"]
-  assert metrics["again_loss"] == pytest.approx(metrics["loss"], rel=1e-6)
-
-
-_USER_EVALUATOR = """
-import jax
-import ml_collections
-import numpy as np
-
-CALLS = []
-
-def default_config():
-  return ml_collections.ConfigDict(dict(scale=1.0))
-
-class _NormOfParams:
-  def __init__(self, scale):
-    self.scale = scale
-
-  def run(self, params):
-    CALLS.append(1)
-    norm = np.sqrt(sum(float(np.sum(np.square(x))) for x in jax.tree.leaves(params)))
-    return {"param_norm": self.scale * norm}
-
-def create(cfg, run):
-  assert run.batch_size > 0 and run.model.num_classes == 10
-  return _NormOfParams(cfg.scale)
-"""
-
-
-@pytest.mark.slow
-def test_an_evaluator_of_the_users_runs_in_a_training_run(tmp_path, dataset, monkeypatch):
-  """A module of the user's, named by its path in config.evals, with no file of the package
-  changed: built from its fields, run on its own schedule, its metrics written and returned."""
-  package = tmp_path / "my_evals"
-  package.mkdir()
-  (package / "__init__.py").write_text("")
-  (package / "norm.py").write_text(_USER_EVALUATOR)
-  monkeypatch.syspath_prepend(str(tmp_path))
-  from vit_jax.train import loop
-  c = tiny_config(dataset, total_steps=4, **{"data.eval_split": "test[:64]"})
-  c.evals.norm = {"type": "my_evals.norm", "scale": 2.0, "every_steps": 2, "at_end": False}
-  metrics = loop.train_and_evaluate(c, str(tmp_path / "run"))
-  import my_evals.norm
-  assert len(my_evals.norm.CALLS) == 2  # Steps 2 and 4; not again at the end.
-  written = read_scalars(tmp_path / "run", "norm_param_norm")
-  assert sorted(written) == [2, 4] and written[4] == pytest.approx(metrics["norm_param_norm"])
-  assert metrics["norm_param_norm"] > 0 and metrics["num_examples"] == 64

@@ -1,9 +1,14 @@
-"""Few-shot linear probes: the solver against scikit-learn, sampling, errors."""
+"""Few-shot linear probes (evaluators/fewshot_lsr.py): the solver against scikit-learn,
+sampling, errors, batches preprocessed as the checkpoint records; and vit-fewshot's sweep
+(tools/fewshot.py) reporting in its own flags."""
 import numpy as np
 import pytest
 from sklearn.linear_model import Ridge
 
+from helpers import VALUE_RANGE
+from vit_jax import checkpoint
 from vit_jax.evaluators import fewshot_lsr
+from vit_jax.train import sharding
 
 
 @pytest.mark.parametrize("n,d", [(40, 65), (300, 17)])  # Dual (n <= d) and primal forms.
@@ -102,3 +107,13 @@ def test_a_sweep_where_every_checkpoint_fails_writes_a_well_formed_report(tmp_pa
   report = (out / "fewshot.md").read_text()
   assert report.startswith("No results: every checkpoint failed.\n\nFailed checkpoints:\n- ")
   assert "broken.npz: " in report
+
+
+def test_fewshot_batches_are_preprocessed_as_the_checkpoint_was(dataset):
+  mesh = sharding.make_mesh()
+  for value_range in (VALUE_RANGE, (-1.0, 1.0)):
+    batches, _ = fewshot_lsr.dataset_batches(
+        *dataset, "test[:32]", 28, 32, sharding.batch_sharding(mesh),
+        checkpoint.Preprocessing(value_range))
+    images = np.asarray(next(batches())["image"])
+    assert (images.min(), images.max()) == pytest.approx(value_range, abs=0.01)

@@ -1,0 +1,121 @@
+"""A run stopped before its end: SIGTERM saves a step and exits 128 + the signal, and the
+rerun resumes to the same losses; a step that never ends stops the run with status 1 and
+one message (the stall, the step, the last checkpoint, the command to resume), and SIGTERM or
+Ctrl-C during a stall ends it within 30 s (train/watchdog.py)."""
+import os
+import re
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from helpers import REPO, cli, cpu_env, read_scalars, run_cli
+
+
+def _wait_for(path, proc, timeout=300):
+  t0 = time.time()
+  while not os.path.isdir(path):
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    assert time.time() - t0 < timeout, f"{path} never appeared"
+    time.sleep(0.2)
+
+
+# Every random AugReg ingredient on: RandAugment, mixup, label smoothing, stochastic depth.
+AUGREG_FLAGS = ("--config.data.randaug_layers=2", "--config.data.randaug_magnitude=15",
+                "--config.data.mixup_alpha=0.5", "--config.label_smoothing=0.1",
+                "--config.model.stochastic_depth=0.1")
+
+
+# SIGKILL, which resumes from an earlier step and replays the steps after it, is
+# tests/test_e2e_resume.py's random-kills test.
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,flags", [(signal.SIGTERM, AUGREG_FLAGS)], ids=["SIGTERM_augreg"])
+def test_killed_run_resumes_to_the_same_losses(tmp_path, dataset, sig, flags):
+  start = lambda workdir, stderr: subprocess.Popen(  # noqa: E731
+      cli(workdir, dataset, "--config.total_steps=24", *flags), env=cpu_env(), cwd=REPO,
+      stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+  # The uninterrupted reference, beside the killed run; its log in a file nobody reads until
+  # the end (a pipe could fill and stop it).
+  full_log = open(tmp_path / "full.log", "w")
+  full = start(tmp_path / "full", full_log)
+  workdir = tmp_path / "killed"
+  proc = start(workdir, subprocess.PIPE)
+  _wait_for(workdir / "checkpoints" / "8", proc)
+  proc.send_signal(sig)
+  _, stderr = proc.communicate(timeout=120)
+  # Saved, then a non-zero status (128 + the signal's number), so a scheduler restarts it.
+  assert proc.returncode == 128 + sig, stderr[-3000:]
+  step = int(re.search(r"Stopped: saved step (\d+)", stderr)[1])
+  assert stderr.strip().splitlines()[-1] == (
+      f"stopped by {sig.name} after saving step {step} to {workdir}; rerun the same command to "
+      "resume"), stderr[-3000:]
+  full_log.close()  # The child writes to its own copy of the file.
+  assert full.wait(timeout=600) == 0, (tmp_path / "full.log").read_text()[-3000:]
+  expected = read_scalars(tmp_path / "full", "train_loss")
+  resumed = run_cli(cli(workdir, dataset, "--config.total_steps=24", *flags))
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "Resumed from" in resumed.stderr
+  after = read_scalars(workdir, "train_loss", newest_file_only=True)
+  assert after and min(after) > 8 and max(after) == 24
+  np.testing.assert_array_equal([after[s] for s in sorted(after)], [expected[s] for s in sorted(after)])
+
+
+STALL_AT = 7  # Checkpoints every 4 steps: step 4 is the last one saved.
+
+
+def stalling_run(workdir, dataset, *flags) -> subprocess.Popen:
+  args = cli(workdir, dataset, "--config.total_steps=12", *flags)
+  args[1:3] = [str(REPO / "tests" / "stalling_main.py"), str(STALL_AT)]
+  return subprocess.Popen(args, env=cpu_env(1), cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+
+
+def assert_resumes(workdir, dataset):
+  resumed = run_cli(cli(workdir, dataset, "--config.total_steps=12"))
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "at step 4" in resumed.stderr and "Final evaluation" in resumed.stdout
+  assert sorted(read_scalars(workdir, "train_loss", newest_file_only=True)) == list(range(5, 13))
+
+
+@pytest.mark.slow
+def test_a_stalled_step_stops_the_run_with_a_message_and_it_resumes(tmp_path, dataset):
+  t0 = time.time()
+  proc = stalling_run(tmp_path, dataset, "--config.stall_timeout_s=5")
+  _, stderr = proc.communicate(timeout=300)
+  assert proc.returncode == 1, stderr[-3000:]
+  message = [line for line in stderr.splitlines() if line.startswith("error: ")]
+  assert len(message) == 1, stderr[-3000:]
+  assert f"stalled at step {STALL_AT}" in message[0]
+  assert "no step has ended for" in message[0] and "config.stall_timeout_s" in message[0]
+  assert "last saved checkpoint is step 4" in message[0]
+  # The command to resume: this process's own command line.
+  assert "rerun the same command" in message[0] and "stalling_main.py 7 --config" in message[0]
+  assert time.time() - t0 < 120  # The resume from step 4: the SIGTERM case below.
+
+
+@pytest.mark.slow
+def test_a_signal_during_a_stall_ends_the_run_within_30s(tmp_path, dataset):
+  """SIGTERM and Ctrl-C (SIGINT), each to a run of its own, the two runs side by side."""
+  signals = (signal.SIGTERM, signal.SIGINT)
+  procs = {sig: stalling_run(tmp_path / sig.name, dataset) for sig in signals}  # Bound: minutes.
+  deadline = time.time() + 240
+  for sig, proc in procs.items():
+    while not (tmp_path / sig.name / "checkpoints" / "4").is_dir():
+      assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+      time.sleep(0.2)
+  time.sleep(5)  # Step 7 never ends: the main threads wait inside XLA.
+  sent = {}
+  for sig, proc in procs.items():  # Both at once: each run's wait is its own.
+    proc.send_signal(sig)
+    sent[sig] = time.time()
+  for sig, proc in procs.items():
+    _, stderr = proc.communicate(timeout=60)
+    assert time.time() - sent[sig] < 30, sig.name
+    assert proc.returncode == 1, stderr[-3000:]
+    assert f"{sig.name} received" in stderr and "last saved checkpoint is step 4" in stderr
+  # What the stall test's resume starts from, untouched by the signals: step 4 alone, and no
+  # save half-written (that resume is checked above, on the same state).
+  for sig in signals:
+    assert sorted(p.name for p in (tmp_path / sig.name / "checkpoints").iterdir()) == ["4"]

@@ -1,0 +1,155 @@
+"""The training job end to end on real data: learning (the loss goes down, evaluations beside
+the run's own, an evaluator of the user's), errors named, command-line overrides, and one run
+per workdir (a second `vit-train` on a workdir in use exits 2 and writes nothing)."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from helpers import REPO, cli, cpu_env, read_scalars, run_cli, tiny_config
+from vit_jax import checkpoint
+from vit_jax.evaluators import registry
+from vit_jax.train import loop
+
+
+@pytest.mark.slow
+def test_loss_goes_down_and_eval_counts_every_example(tmp_path, dataset):
+  c = tiny_config(dataset, total_steps=150, **{"data.eval_split": "test[:1000]"})
+  c.evals.fewshot = dict(type="fewshot", datasets=(dataset[0],), data_dir=dataset[1],
+                         train_split="train[:1000]", test_split="test[:500]", shots=(1, 10),
+                         seeds=2)
+  metrics = loop.train_and_evaluate(c, str(tmp_path))
+  name = dataset[0]
+  assert metrics[f"fewshot_{name}_1shot"] < metrics[f"fewshot_{name}_10shot"]
+  assert 150 in read_scalars(tmp_path, f"fewshot_{name}_10shot")  # Written to TensorBoard too.
+  losses = read_scalars(tmp_path, "train_loss")
+  assert len(losses) == 150
+  first, last = (np.mean([losses[s] for s in steps]) for steps in (range(1, 6), range(141, 151)))
+  assert last < 0.75 * first, (first, last)
+  assert metrics["num_examples"] == 1000
+  assert metrics["accuracy"] > 0.5
+  assert os.path.isdir(tmp_path / "checkpoints" / "150")
+
+
+def test_nonfinite_loss_stops_naming_the_step_and_keeps_good_checkpoints(tmp_path, dataset):
+  c = tiny_config(dataset, total_steps=40, checkpoint_every_steps=2, **{"optimizer.lr": 1e6,
+                                                                          "optimizer.grad_clip_norm": 0.0})
+  with pytest.raises(loop.NonFiniteLossError, match=r"NaN/inf at step \d+.*last good checkpoint"):
+    loop.train_and_evaluate(c, str(tmp_path))
+  steps = [int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
+  assert steps
+  for step in steps:
+    flat, _ = checkpoint.read_params(tmp_path / "checkpoints" / str(step))
+    assert all(np.isfinite(x).all() for x in flat.values())
+
+
+def test_cli_overrides_model_fields(tmp_path, dataset):
+  result = run_cli(cli(tmp_path, dataset, "--config.total_steps=2", "--config.model.num_layers=1",
+                       "--config.model.classifier=gap", "--config.model.dropout=0.1",
+                       "--config.model.remat=True", "--config.data.inception_area=(0.1, 1.0)",
+                       "--config.evals.eval.every_steps=1"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "Final evaluation: accuracy=" in result.stdout
+
+
+def _wait_for(path, proc, timeout=300):
+  t0 = time.time()
+  while not os.path.exists(path):
+    assert proc.poll() is None, f"exited {proc.returncode} before {path} appeared"
+    assert time.time() - t0 < timeout, f"{path} never appeared"
+    time.sleep(0.2)
+
+
+def files(folder) -> list[str]:
+  return sorted(os.path.relpath(os.path.join(d, f), folder)
+                for d, _, names in os.walk(folder) for f in names)
+
+
+def test_a_second_vit_train_on_a_workdir_in_use_exits_2_and_writes_nothing(tmp_path, dataset):
+  workdir = tmp_path / "run"
+  first_err = open(tmp_path / "first.stderr", "w")  # A file: a full pipe would stop it.
+  first = subprocess.Popen(cli(workdir, dataset, "--config.total_steps=100000"), env=cpu_env(),
+                           cwd=REPO, stdout=subprocess.DEVNULL, stderr=first_err)
+  try:
+    _wait_for(workdir / "checkpoints" / "4", first)  # Training.
+    first.send_signal(signal.SIGSTOP)  # Alive, holding the lock, its files as they are.
+    before, lock = files(workdir), (workdir / "lock").read_text()
+    second = subprocess.run(cli(workdir, dataset), env=cpu_env(), cwd=REPO,
+                            capture_output=True, text=True, timeout=600)
+    assert second.returncode == 2, second.stderr[-3000:]
+    assert second.stderr.splitlines() == [
+        f"error: {workdir} is in use by PID {first.pid} on host {socket.gethostname()} (since "
+        f"{json.loads(lock)['since']}): wait for it, stop it, or remove {workdir}/lock if that "
+        "process is gone."], second.stderr[-3000:]
+    assert files(workdir) == before and (workdir / "lock").read_text() == lock
+    assert (workdir / "train.log").read_text().count("] Command: ") == 1  # The first's.
+    first.send_signal(signal.SIGCONT)
+    first.send_signal(signal.SIGTERM)  # It saves a checkpoint and stops, with 128 + SIGTERM.
+    assert first.wait(timeout=120) == 143, (tmp_path / "first.stderr").read_text()[-3000:]
+  finally:
+    if first.poll() is None:
+      first.kill()
+    first_err.close()
+  assert "Stopped: saved step" in (tmp_path / "first.stderr").read_text()
+  assert not (workdir / "lock").exists()
+
+
+@pytest.mark.slow
+def test_an_extra_evaluation_runs_beside_the_runs_own(tmp_path, dataset):
+  from vit_jax.train import loop
+  c = tiny_config(dataset, total_steps=2)
+  c.evals.again = registry.entry_config("classification", dataset=dataset[0], split="test[:256]")
+  metrics = loop.train_and_evaluate(c, str(tmp_path))
+  assert metrics["again_num_examples"] == metrics["num_examples"] == 256
+  assert metrics["again_accuracy"] == metrics["accuracy"]
+  assert metrics["again_loss"] == pytest.approx(metrics["loss"], rel=1e-6)
+
+
+_USER_EVALUATOR = """
+import jax
+import ml_collections
+import numpy as np
+
+CALLS = []
+
+def default_config():
+  return ml_collections.ConfigDict(dict(scale=1.0))
+
+class _NormOfParams:
+  def __init__(self, scale):
+    self.scale = scale
+
+  def run(self, params):
+    CALLS.append(1)
+    norm = np.sqrt(sum(float(np.sum(np.square(x))) for x in jax.tree.leaves(params)))
+    return {"param_norm": self.scale * norm}
+
+def create(cfg, run):
+  assert run.batch_size > 0 and run.model.num_classes == 10
+  return _NormOfParams(cfg.scale)
+"""
+
+
+@pytest.mark.slow
+def test_an_evaluator_of_the_users_runs_in_a_training_run(tmp_path, dataset, monkeypatch):
+  """A module of the user's, named by its path in config.evals, with no file of the package
+  changed: built from its fields, run on its own schedule, its metrics written and returned."""
+  package = tmp_path / "my_evals"
+  package.mkdir()
+  (package / "__init__.py").write_text("")
+  (package / "norm.py").write_text(_USER_EVALUATOR)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  from vit_jax.train import loop
+  c = tiny_config(dataset, total_steps=4, **{"data.eval_split": "test[:64]"})
+  c.evals.norm = {"type": "my_evals.norm", "scale": 2.0, "every_steps": 2, "at_end": False}
+  metrics = loop.train_and_evaluate(c, str(tmp_path / "run"))
+  import my_evals.norm
+  assert len(my_evals.norm.CALLS) == 2  # Steps 2 and 4; not again at the end.
+  written = read_scalars(tmp_path / "run", "norm_param_norm")
+  assert sorted(written) == [2, 4] and written[4] == pytest.approx(metrics["norm_param_norm"])
+  assert metrics["norm_param_norm"] > 0 and metrics["num_examples"] == 64
