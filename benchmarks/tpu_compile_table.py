@@ -77,9 +77,16 @@ HEADER = ["config (pretrain:_,i21k)", "slice", "chips", "fits (or the fix)",
           "paper: TPUv3-core-days", "compile s"]
 
 
+def _order(r: dict[str, Any]) -> tuple[int, int]:
+  known = lambda names, name: names.index(name) if name in names else len(names)
+  return known(CONFIGS, r["config"]), known(SLICES, r["slice"])
+
+
 def table(rows: list[dict[str, Any]]) -> str:
+  """Rows by config, then slice, in CONFIGS' and SLICES' order."""
   lines = ["| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]
-  return "\n".join(lines + ["| " + " | ".join(_cells(r)) + " |" for r in rows])
+  return "\n".join(lines + ["| " + " | ".join(_cells(r)) + " |"
+                            for r in sorted(rows, key=_order)])
 
 
 def main() -> None:
