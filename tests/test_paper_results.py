@@ -6,6 +6,7 @@ import pytest
 
 from vit_jax import models
 from vit_jax.data import tasks
+from vit_jax.evaluators import registry as evaluators
 from vit_jax.transfer import paper_results
 from vit_jax.transfer.paper_results import RESULTS, VTAB_TASKS, lookup
 
@@ -21,7 +22,7 @@ def _one(model: str, task: str, pretraining: str, table: str) -> float:
 
 def test_every_entry_names_a_registry_model_a_task_and_a_percentage():
   known_tasks = set(tasks.TASKS) | {"imagenet_real"} | VTAB_SUMMARIES
-  assert "imagenet_real" in tasks.EVALS
+  assert "imagenet_real" in evaluators.EVALUATORS  # A config.evals type: the run evaluates it.
   for r in RESULTS:
     assert r.model in models.MODEL_CONFIGS, r
     assert r.task in known_tasks, r
