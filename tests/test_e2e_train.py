@@ -65,6 +65,21 @@ def _wait_for(path, proc, timeout=300):
     time.sleep(0.2)
 
 
+def _wait_until_stopped(pid: int) -> None:
+  """Until every thread of `pid` is stopped: SIGSTOP takes effect a moment after kill()
+  returns, and a save may be writing meanwhile."""
+  def states():
+    for task in os.listdir(f"/proc/{pid}/task"):
+      try:
+        yield open(f"/proc/{pid}/task/{task}/stat").read().rsplit(")", 1)[1].split()[0]
+      except FileNotFoundError:  # A thread that just ended.
+        pass
+  deadline = time.time() + 30
+  while any(state not in "TZX" for state in states()):
+    assert time.time() < deadline, f"process {pid} did not stop"
+    time.sleep(0.01)
+
+
 def files(folder) -> list[str]:
   return sorted(os.path.relpath(os.path.join(d, f), folder)
                 for d, _, names in os.walk(folder) for f in names)
@@ -78,6 +93,7 @@ def test_a_second_vit_train_on_a_workdir_in_use_exits_2_and_writes_nothing(tmp_p
   try:
     _wait_for(workdir / "checkpoints" / "4", first)  # Training.
     first.send_signal(signal.SIGSTOP)  # Alive, holding the lock, its files as they are.
+    _wait_until_stopped(first.pid)
     before, lock = files(workdir), (workdir / "lock").read_text()
     second = subprocess.run(cli(workdir, dataset), env=cpu_env(), cwd=REPO,
                             capture_output=True, text=True, timeout=600)
