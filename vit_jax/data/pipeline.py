@@ -174,7 +174,7 @@ def _decoder(source: sources.Source, mode: str | None):
 
 
 def _epochs(first_epoch: int, one_epoch) -> tf.data.Dataset:
-  return tf.data.Dataset.range(first_epoch, _INT64_MAX).flat_map(one_epoch)
+  return tf.data.Dataset.range(first_epoch, _INT64_MAX).flat_map(pp.traced(one_epoch))
 
 
 def _shuffled_epochs(source: sources.Source, cfg: ml_collections.ConfigDict, mode: str | None,
@@ -220,14 +220,14 @@ def _train_dataset(cfg: ml_collections.ConfigDict, *, local_batch: int,
   ds = ds.skip(start % n)
 
   if mode == "decoded":  # Equal shapes: gather and augment whole batches.
-    ds = ds.batch(local_batch, drop_remainder=True).map(gather)
+    ds = ds.batch(local_batch, drop_remainder=True).map(pp.traced(gather))
   else:
     decode, fit = _decoder(source, mode), _fit(cfg)
     def fit_one(position, example):
       example = decode(gather(example))
       return {**example, "image": fit(example["image"],
                                       _rng(key, _AUGMENT, position))}
-    ds = ds.enumerate(start).map(fit_one, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.enumerate(start).map(pp.traced(fit_one), num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.batch(local_batch, drop_remainder=True)
 
   augment, num_classes = _augment(cfg, fitted=mode != "decoded"), len(
@@ -239,7 +239,7 @@ def _train_dataset(cfg: ml_collections.ConfigDict, *, local_batch: int,
       batch = pp.mixup(batch, _rng(key, _MIXUP, step), cfg.mixup_alpha,
                        num_classes)
     return batch
-  ds = ds.enumerate(start_step).map(finish, num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.enumerate(start_step).map(pp.traced(finish), num_parallel_calls=tf.data.AUTOTUNE)
   return ds.prefetch(cfg.prefetch).with_options(_options(cfg))
 
 
@@ -266,7 +266,7 @@ def _eval_dataset(cfg: ml_collections.ConfigDict, *, local_batch: int,
   decode = _decoder(source, mode)
   preprocess = _eval_preprocess(
       cfg, preprocessing or pp.Preprocessing.from_data_config(cfg))
-  ds = ds.map(lambda ex: preprocess(decode(ex)),
+  ds = ds.map(pp.traced(lambda ex: preprocess(decode(ex))),
               num_parallel_calls=tf.data.AUTOTUNE)
   # A label is a class, or a set of right classes as a multi-hot vector (ImageNet ReaL).
   padding = {"image": tf.zeros([cfg.image_size, cfg.image_size, 3]),
@@ -323,7 +323,7 @@ def train_iterator(cfg: ml_collections.ConfigDict, *, global_batch_size: int,
       process_index=jax.process_index() * per_process + j, process_count=num_shards)
              for j in range(per_process)]
   ds = streams[0] if per_process == 1 else tf.data.Dataset.zip(tuple(streams)).map(
-      lambda *parts: {k: tf.concat([p[k] for p in parts], 0) for k in parts[0]})
+      pp.traced(lambda *parts: {k: tf.concat([p[k] for p in parts], 0) for k in parts[0]}))
   return _global_batches(ds, sharding)
 
 

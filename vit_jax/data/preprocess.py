@@ -10,11 +10,18 @@ deterministic however many threads run it. Batching first matters for small
 images, where tf.data's per-example overhead would cost more than the work.
 The other ops take one image [H, W, C] or a batch.
 """
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
 from vit_jax.data.input_contract import INTERPOLATIONS, Preprocessing  # noqa: F401 (re-export)
+
+
+def traced(fn: Callable) -> Callable:
+  """`fn` for tf.data to trace as written: without AutoGraph's rewrite of its source, which
+  these functions do not need (they branch on Python values only) and which costs ~1 s of
+  every run's start."""
+  return tf.autograph.experimental.do_not_convert(fn)
 
 
 

@@ -151,7 +151,7 @@ class TfdsSource:
         read_config=tfds.ReadConfig(try_autocache=False))
     if self._task is not None:
       return ds.map(self._task.example)
-    return ds.map(lambda image, label: {"image": image, "label": label})
+    return ds.map(preprocess.traced(lambda image, label: {"image": image, "label": label}))
 
   def skipped_images(self, split: str) -> tuple[str, ...]:
     del split
@@ -255,8 +255,8 @@ class FolderSource:
     if not paths:
       return {}
     # Dataset.ignore_errors drops exactly the files that cannot be read or decoded.
-    ds = tf.data.Dataset.from_tensor_slices(paths).map(
-        lambda p: (p, tf.shape(preprocess.decode(tf.io.read_file(p), self.channels))),
+    ds = tf.data.Dataset.from_tensor_slices(paths).map(preprocess.traced(
+        lambda p: (p, tf.shape(preprocess.decode(tf.io.read_file(p), self.channels)))),
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
     return {p.decode(): tuple(s) for p, s in ds.ignore_errors().as_numpy_iterator()}
 
@@ -328,8 +328,8 @@ class FolderSource:
     shard = self._scan(split).examples[process_index::process_count]  # i, i+n, ...
     paths = tf.constant([p for p, _ in shard], tf.string)
     labels = tf.constant([label for _, label in shard], tf.int64)
-    return tf.data.Dataset.from_tensor_slices((paths, labels)).map(
-        lambda p, label: {"image": tf.io.read_file(p), "label": label},
+    return tf.data.Dataset.from_tensor_slices((paths, labels)).map(preprocess.traced(
+        lambda p, label: {"image": tf.io.read_file(p), "label": label}),
         num_parallel_calls=tf.data.AUTOTUNE)
 
   def skipped_images(self, split: str) -> tuple[str, ...]:
@@ -356,8 +356,8 @@ def load_table(source: Source, split: str, process_index: int,
   """A process's shard of a split in memory: images decoded or still encoded."""
   ds = source.read(split, process_index, process_count)
   if decoded:
-    ds = ds.map(lambda ex: {**ex, "image": preprocess.decode(
-        ex["image"], source.channels)}, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.map(preprocess.traced(lambda ex: {**ex, "image": preprocess.decode(
+        ex["image"], source.channels)}), num_parallel_calls=tf.data.AUTOTUNE)
   parts = list(ds.batch(1024).as_numpy_iterator())
   if not parts:
     raise ValueError(f"Split {split!r} of {source.name} has no examples for "

@@ -13,6 +13,7 @@ lines, orbax's and TFDS's) go to a log file or nowhere, unless asked for (`route
 so do TensorFlow's C++ start-up lines (`native_logs`, TF_CPP_MIN_LOG_LEVEL=1).
 """
 import argparse
+import atexit
 import contextlib
 import functools
 import logging
@@ -22,6 +23,7 @@ import re
 import signal
 import sys
 import tempfile
+import threading
 from typing import Callable, Iterator, NoReturn, Sequence, TextIO
 
 import tqdm
@@ -310,6 +312,31 @@ def start_tensorflow(datasets: bool = True) -> None:
     tfds.display_progress_bar(_shown["verbose"])
 
 
-def run(main: Main) -> NoReturn:
-  """The entry point of `python -m` and the console scripts: exits with main's status."""
-  sys.exit(main())
+def run(main: Callable[[], int | None]) -> NoReturn:
+  """The entry point of `python -m` and the console scripts: exits with main's status (or the
+  status main exits with) as exit_now does."""
+  try:
+    status = main()
+  except SystemExit as e:
+    status = e.code
+  exit_now(status)
+
+
+def exit_now(status: object) -> NoReturn:
+  """Ends the process as sys.exit(status) would, less the interpreter's finalisation: freeing
+  TensorFlow's and JAX's modules and objects one by one takes 1-1.5 s of a command's end on
+  two cores. What sys.exit does first still happens: other threads are joined and the atexit
+  handlers run (logging's flush, jax.distributed's shutdown, orbax's)."""
+  if status is None:
+    status = 0
+  elif not isinstance(status, int):
+    print(status, file=sys.stderr)
+    status = FAILED
+  for thread in threading.enumerate():
+    if thread is not threading.current_thread() and not thread.daemon:
+      thread.join()
+  atexit._run_exitfuncs()  # CPython's own, as its exit calls it; os._exit would skip them.
+  for stream in (sys.stdout, sys.stderr):
+    with contextlib.suppress(OSError, ValueError):  # A closed pipe (`| head`) or stream.
+      stream.flush()
+  os._exit(status)

@@ -518,7 +518,7 @@ def _train(jax, verbose: bool) -> None:
 
 
 def run() -> None:
-  app.run(main, flags_parser=parse_flags)
+  cli.run(lambda: app.run(main, flags_parser=parse_flags))
 
 
 if __name__ == "__main__":
