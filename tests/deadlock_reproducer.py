@@ -5,7 +5,8 @@ without waiting.
   python tests/deadlock_reproducer.py --devices 2          # XLA's pool as on 2 cores: hangs
   python tests/deadlock_reproducer.py --devices 2 --fixed  # cpu_backend.prepare: finishes
 
-A hang ends after 10 s: XLA aborts the collective that waited that long for its peers.
+A hang ends after 11 s: XLA warns of a collective that has waited 1 s for its peers, and
+aborts it 10 s later.
 """
 import argparse
 import os
@@ -18,7 +19,8 @@ def main() -> None:
   parser.add_argument("--fixed", action="store_true", help="size the pool as vit_jax does")
   args = parser.parse_args()
   from vit_jax import cpu_backend  # Imports no JAX.
-  os.environ["XLA_FLAGS"] = f"{cpu_backend.COLLECTIVE_TIMEOUT_FLAG}=10"
+  os.environ["XLA_FLAGS"] = (f"{cpu_backend.COLLECTIVE_TIMEOUT_FLAG}=10 "
+                             "--xla_cpu_collective_call_warn_stuck_timeout_seconds=1")
   if args.fixed:
     cpu_backend.prepare(args.devices)
   else:
