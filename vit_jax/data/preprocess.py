@@ -24,7 +24,6 @@ def traced(fn: Callable) -> Callable:
   return tf.autograph.experimental.do_not_convert(fn)
 
 
-
 def decode(data: tf.Tensor, channels: int) -> tf.Tensor:
   """Encoded JPEG/PNG/GIF (its first frame)/BMP/WebP bytes -> uint8 [H, W, channels]."""
   image = tf.io.decode_image(data, channels=channels, expand_animations=False)
