@@ -54,8 +54,8 @@ def test_two_processes_started_by_the_launcher_train_to_the_end_as_one_does(tmp_
   process on as many devices. Two data shards in both runs: the global batches do not depend
   on the process count."""
   shards = "--config.data.num_shards=2"
-  single = run_cli(cli(tmp_path / "single", dataset, shards), devices=2)
-  assert single.returncode == 0, single.stderr[-3000:]
+  one = run_cli(cli(tmp_path / "single", dataset, shards), devices=2)
+  assert one.returncode == 0, one.stderr[-3000:]
   result = launch(
       "multihost.py", "hosts", "--hosts", "localhost,localhost", "--port", str(_free_port()),
       "--config", TINY_CONFIG, "--workdir", str(tmp_path / "multi"), "--env",
