@@ -51,7 +51,6 @@ EXTRAS = {
         "pytest",
         # The suite runs on two workers (pytest.ini): CI's two cores, mostly waiting on processes.
         "pytest-xdist",
-        "scikit-learn",
         # The notebooks are executed in the tests.
         "nbclient",
         "nbformat",

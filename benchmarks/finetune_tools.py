@@ -3,9 +3,10 @@ side by side: test accuracy, trainable parameters, peak memory (max RSS) and wal
 
   python benchmarks/finetune_tools.py /tmp/vit_quickstart --out_dir /tmp/ft_tools
 
-The data: scikit-learn's 1,797 handwritten digits as an image folder (1,500 train, 297 test),
-resized to the checkpoint's resolution by the input pipeline. Each variant is one `vit-train`
-run with the finetune config, the checkpoint's architecture and the same steps and seed.
+The data: the tests' 1,797 real 8x8 handwritten digits (tests/data) as an image folder (1,500
+train, 297 test), resized to the checkpoint's resolution by the input pipeline. Each variant is
+one `vit-train` run with the finetune config, the checkpoint's architecture and the same steps
+and seed.
 """
 import argparse
 import ast
@@ -16,6 +17,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+import helpers  # noqa: E402  (tests/helpers.py: the digits)
+
 VARIANTS = {
     "plain": [],
     "layer_decay=0.75": ["--config.optimizer.layer_decay=0.75"],
@@ -25,19 +29,6 @@ VARIANTS = {
         "'Transformer/encoderblock_(?!{last}/).*')"],  # {last}: the checkpoint's last block.
     "lora: rank 8 on query, value": ["--config.lora.rank=8", "--config.optimizer.lr=0.05"],
 }
-
-
-def digits_folder(root: pathlib.Path) -> str:
-  import numpy as np
-  from PIL import Image
-  from sklearn.datasets import load_digits
-  if not (root / "test").is_dir():
-    digits = load_digits()
-    for i, (image, label) in enumerate(zip(digits.images, digits.target)):
-      folder = root / ("train" if i < 1500 else "test") / str(label)
-      folder.mkdir(parents=True, exist_ok=True)
-      Image.fromarray((image * 255 / 16).round().astype(np.uint8)).save(folder / f"{i:04d}.png")
-  return str(root)
 
 
 def model_flags(pretrained: str) -> list[str]:
@@ -93,7 +84,7 @@ def main(argv=None) -> None:
   p.add_argument("--out_dir", default="/tmp/ft_tools")
   p.add_argument("--steps", type=int, default=300)
   args = p.parse_args(argv)
-  data = digits_folder(pathlib.Path(args.out_dir) / "digits")
+  data = helpers.write_digits_folder(pathlib.Path(args.out_dir) / "digits")
   rows = [run(v, f, args, data) for v, f in VARIANTS.items()]
   plain = rows[0]
   print(f"{'variant':44s} {'accuracy':>8s} {'ema acc':>8s} {'trainable':>10s} "

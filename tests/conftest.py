@@ -21,8 +21,7 @@ if sys.dont_write_bytecode and not os.environ.get("PYTHONPYCACHEPREFIX"):
   os.environ.pop("PYTHONDONTWRITEBYTECODE")
   os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix
 # The processes a test starts compile the same tiny programs many times: they share a JAX
-# compilation cache (bounded, which turns on its file lock). Not this process, whose programs
-# are each compiled once and kept in memory anyway.
+# compilation cache (bounded, which turns on its file lock), with the test processes too.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   _SESSION = _SESSION or tempfile.mkdtemp(prefix="vit_jax_tests_")
   os.environ.update(JAX_COMPILATION_CACHE_DIR=os.path.join(_SESSION, "jit"),
@@ -35,7 +34,11 @@ cpu_backend.prepare()  # 8 devices whose programs cannot deadlock, before JAX st
 
 import jax  # noqa: E402
 
-jax.config.update("jax_enable_compilation_cache", False)  # This process's: see above.
+# A test process writes only programs that took 0.3 s or more to compile: the tiny runs' steps
+# (~2 s each, compiled again by every run in the process: 6 s of a 4-step run, 2 s with the
+# cache). The eager ops of the full-size models' tests, many small programs each compiled once,
+# would cost more to write than to compile (test_npz.py: 94 s without the cache, 115 s with all).
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.3)
 
 import collections  # noqa: E402
 import csv  # noqa: E402
@@ -45,7 +48,7 @@ import shutil  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from helpers import DEBIAN_FASHION_MNIST, TINY_CONFIG_VIT  # noqa: E402
+from helpers import DEBIAN_FASHION_MNIST, TINY_CONFIG_VIT, write_digits_folder  # noqa: E402
 
 TESTS = pathlib.Path(__file__).parent
 
@@ -87,19 +90,8 @@ def dataset(tmp_path_factory) -> tuple[str, str]:
 
 @pytest.fixture(scope="session")
 def digits_folder(tmp_path_factory) -> str:
-  """scikit-learn's 1,797 real 8x8 handwritten digits as an image folder: ROOT/<split>/<class>/
-  *.png, 1,500 in `train` and 297 in `test`, pixels scaled from 0-16 to 0-255."""
-  import numpy as np
-  from PIL import Image
-  from sklearn.datasets import load_digits
-  digits = load_digits()
-  root = tmp_path_factory.mktemp("digits")
-  for i, (image, label) in enumerate(zip(digits.images, digits.target)):
-    split = "train" if i < 1500 else "test"
-    folder = root / split / str(label)
-    folder.mkdir(parents=True, exist_ok=True)
-    Image.fromarray((image * 255 / 16).round().astype(np.uint8)).save(folder / f"{i:04d}.png")
-  return str(root)
+  """The 1,797 real 8x8 handwritten digits of tests/data as an image folder (helpers.py)."""
+  return write_digits_folder(tmp_path_factory.mktemp("digits"))
 
 
 @pytest.fixture

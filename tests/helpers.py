@@ -25,11 +25,29 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 # checkpoint.POSEMB_KEY, without importing vit_jax here.
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
+# UCI's optical recognition of handwritten digits (CC BY 4.0), its test set as scikit-learn
+# ships it (`sklearn.datasets.load_digits`): a row per image, 64 pixels in 0-16, then the label.
+DIGITS_CSV = REPO / "tests" / "data" / "digits.csv.gz"
 TINY_CONFIG = str(REPO / "tests" / "tiny_config.py")
 # A ViT small enough for unit tests on CPU: model fields over any registry name's.
 TINY_VIT = dict(patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2)
 # tests/tiny_config.py's model: 28 px images in a 4x4 grid of 7 px patches.
 TINY_CONFIG_VIT = dict(patch_size=7, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2)
+
+
+def write_digits_folder(root: pathlib.Path) -> str:
+  """DIGITS_CSV's 1,797 real 8x8 digits as an image folder under `root` (kept if there):
+  ROOT/<split>/<class>/*.png, 1,500 in `train` and 297 in `test`, pixels scaled from 0-16 to
+  0-255."""
+  from PIL import Image
+  if not (root / "test").is_dir():
+    rows = np.loadtxt(DIGITS_CSV, delimiter=",")
+    for i, row in enumerate(rows):
+      folder = root / ("train" if i < 1500 else "test") / str(int(row[-1]))
+      folder.mkdir(parents=True, exist_ok=True)
+      image = (row[:-1].reshape(8, 8) * 255 / 16).round().astype(np.uint8)
+      Image.fromarray(image).save(folder / f"{i:04d}.png")
+  return str(root)
 
 
 def tiny_config(dataset, **overrides):

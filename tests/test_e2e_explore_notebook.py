@@ -1,6 +1,6 @@
 """notebooks/explore_checkpoint.ipynb run top to bottom on a checkpoint made here and real
-images (scikit-learn's digits), and the position-embedding similarity it draws of that
-checkpoint."""
+images (the handwritten digits of tests/data), and the position-embedding similarity it draws
+of that checkpoint."""
 import json
 
 import numpy as np
@@ -22,7 +22,7 @@ def tiny_npz(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def real_images(digits_folder) -> dict[str, str]:
-  """Notebook parameters naming real images: scikit-learn's digits, as an image folder."""
+  """Notebook parameters naming real images: the digits of tests/data, as an image folder."""
   return {"VIT_IMAGES": digits_folder}
 
 

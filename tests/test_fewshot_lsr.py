@@ -1,9 +1,9 @@
-"""Few-shot linear probes (evaluators/fewshot_lsr.py): the solver against scikit-learn,
+"""Few-shot linear probes (evaluators/fewshot_lsr.py): the solver against SciPy's least squares,
 sampling, errors, batches preprocessed as the checkpoint records; and vit-fewshot's sweep
 (tools/fewshot.py) reporting in its own flags."""
 import numpy as np
 import pytest
-from sklearn.linear_model import Ridge
+import scipy.linalg
 
 from helpers import VALUE_RANGE
 from vit_jax import checkpoint
@@ -12,7 +12,9 @@ from vit_jax.train import sharding
 
 
 @pytest.mark.parametrize("n,d", [(40, 65), (300, 17)])  # Dual (n <= d) and primal forms.
-def test_ridge_matches_sklearn(n, d):
+def test_ridge_matches_least_squares_on_the_augmented_system(n, d):
+  """Ridge is least squares on X stacked over sqrt(l2) I, targets over zeros: solved by LAPACK's
+  SVD-based solver, not the eigendecompositions of the Gram matrices that ridge_weights uses."""
   rng = np.random.default_rng(0)
   x = rng.normal(size=(n, d)) * rng.uniform(0.1, 5, size=d) + rng.normal(size=d)
   y = rng.integers(0, 5, size=n)
@@ -20,10 +22,11 @@ def test_ridge_matches_sklearn(n, d):
   xs, xts = fewshot_lsr.standardise(x, x_test)
   l2s = [2.0**-3, 1.0, 2.0**6]
   for l2, w in zip(l2s, fewshot_lsr.ridge_weights(xs, y, l2s, num_classes=5)):
-    reference = Ridge(alpha=l2, fit_intercept=False, solver="svd", tol=1e-12)
-    reference.fit(xs, 2.0 * np.eye(5)[y] - 1.0)
-    np.testing.assert_allclose(w, reference.coef_.T, atol=1e-5, rtol=1e-6)
-    ours = np.mean(np.argmax(xts @ w, -1) == np.argmax(reference.predict(xts), -1))
+    a = np.concatenate([xs, np.sqrt(l2) * np.eye(xs.shape[1])])
+    t = np.concatenate([2.0 * np.eye(5)[y] - 1.0, np.zeros((xs.shape[1], 5))])
+    reference = scipy.linalg.lstsq(a, t, lapack_driver="gelsd")[0]
+    np.testing.assert_allclose(w, reference, atol=1e-5, rtol=1e-6)
+    ours = np.mean(np.argmax(xts @ w, -1) == np.argmax(xts @ reference, -1))
     assert ours == pytest.approx(1.0, abs=1e-4)
 
 

@@ -1,7 +1,7 @@
 """Serving formats (vit_jax.serving, `vit-export --format`): a SavedModel through jax2tf,
-TFLite from it, ONNX from that, each giving JAX's logits on real images (scikit-learn's
-digits) for a plain ViT and a hybrid, at batch sizes 1 and 7 (`vit-export` as a user runs it,
-and a training run exported: test_e2e_checkpoints.py)."""
+TFLite from it, ONNX from that, each giving JAX's logits on real images (the handwritten digits
+of tests/data) for a plain ViT and a hybrid, at batch sizes 1 and 7 (`vit-export` as a user runs
+it, and a training run exported: test_e2e_checkpoints.py)."""
 import glob
 import os
 
