@@ -42,6 +42,7 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.3)
 
 import collections  # noqa: E402
 import csv  # noqa: E402
+import fcntl  # noqa: E402
 import pathlib  # noqa: E402
 import shutil  # noqa: E402
 
@@ -76,16 +77,20 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def dataset(tmp_path_factory) -> tuple[str, str]:
+def dataset(tmp_path_factory, worker_id) -> tuple[str, str]:
   """(name, data_dir) of Fashion-MNIST, built by TFDS's own builder from Debian's files,
-  which the README's set-up installs: the same real data on every machine."""
+  which the README's set-up installs: the same real data on every machine. Built once for all
+  the session's workers (pytest-xdist's recipe: their temporary folders share a parent)."""
   if not os.path.isdir(DEBIAN_FASHION_MNIST):
     pytest.fail(f"{DEBIAN_FASHION_MNIST} is missing: `sudo apt-get install "
                 "dataset-fashion-mnist` (the README's set-up) gives the tests their real data.")
   from vit_jax import data
-  data_dir = str(tmp_path_factory.mktemp("tfds"))
-  data.prepare_fashion_mnist(data_dir)
-  return "fashion_mnist", data_dir
+  root = tmp_path_factory.getbasetemp()
+  root = root if worker_id == "master" else root.parent
+  with open(root / "tfds.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # The first worker prepares; the other finds it done.
+    data.prepare_fashion_mnist(str(root / "tfds"))
+  return "fashion_mnist", str(root / "tfds")
 
 
 @pytest.fixture(scope="session")

@@ -104,19 +104,14 @@ def tpu_up(config_overrides: list[str], gcloud_env: dict | None = None, dry_run:
 
 
 @needs_libtpu
-def test_launcher_preflight_runs_before_any_gcloud_command():
+def test_launcher_preflight_runs_before_any_gcloud_command(fake_gcloud):
   fits = tpu_up([])
   assert fits.returncode == 0, fits.stderr
   assert "preflight:" in fits.stderr and "--compile_only --topology v5litepod-4" in fits.stderr
   assert fits.stdout.splitlines()[0].startswith("gcloud compute tpus tpu-vm create vit")
-  refused = tpu_up(HUGE)
-  assert refused.returncode == 2 and not refused.stdout
-  assert "preflight for v5litepod-4: --config" in refused.stderr
-  assert "it fits with --config.mesh.data=-1 --config.mesh.fsdp=" in refused.stderr
-
-
-@needs_libtpu
-def test_launcher_preflight_refusal_calls_no_gcloud(fake_gcloud):
+  # Not a dry run: a gcloud on PATH that records its calls is never called.
   env, log = fake_gcloud
   refused = tpu_up(HUGE, env, dry_run=False)
-  assert refused.returncode == 2 and not log.exists()
+  assert refused.returncode == 2 and not refused.stdout and not log.exists()
+  assert "preflight for v5litepod-4: --config" in refused.stderr
+  assert "it fits with --config.mesh.data=-1 --config.mesh.fsdp=" in refused.stderr

@@ -51,12 +51,12 @@ def test_fashion_mnist_from_debian_files(tmp_path, debian_files):
 
 
 @pytest.mark.slow
-def test_fashion_mnist_full_splits(tmp_path, debian_files):
-  fashion_mnist.prepare_fashion_mnist(str(tmp_path))
-  splits = tfds.builder("fashion_mnist", data_dir=str(tmp_path)).info.splits
+def test_fashion_mnist_full_splits(dataset):
+  """The session's copy, which prepare_fashion_mnist made for the other tests (conftest.py)."""
+  name, data_dir = dataset
+  splits = tfds.builder(name, data_dir=data_dir).info.splits
   assert (splits["train"].num_examples, splits["test"].num_examples) == (60000, 10000)
-  ds = tfds.load("fashion_mnist", data_dir=str(tmp_path), split="test",
-                 as_supervised=True, download=False)
+  ds = tfds.load(name, data_dir=data_dir, split="test", as_supervised=True, download=False)
   images, labels = _idx("t10k-images-idx3-ubyte.gz"), _idx("t10k-labels-idx1-ubyte.gz")
   _assert_same_examples(ds, images, labels)
   assert collections.Counter(int(l) for _, l in tfds.as_numpy(ds)) == (

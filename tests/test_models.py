@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import noisy
 from vit_jax import models
 from vit_jax.models import timm_models
 
@@ -94,7 +95,7 @@ def test_attention_weights_are_returned_and_normalised():
   model = models.create_model("ViT-Ti_16", num_classes=5, patch_size=8, **TINY)
   images = jax.random.normal(jax.random.key(1), (2, 32, 32, 3))
   variables = model.init(jax.random.key(0), images)
-  variables = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(2), p.shape), variables)
+  variables = noisy(variables, 0.1, 2)
   plain = model.apply(variables, images)
   logits, aux = model.apply(variables, images, return_attention=True)
   # The explicit-softmax path (needed for the weights) equals the fused path.
@@ -119,7 +120,7 @@ def test_bf16_computation_keeps_float32_params_and_is_close():
   images = jax.random.normal(jax.random.key(1), (2, 32, 32, 3))
   f32 = models.create_model("ViT-Ti_16", **kw)
   variables = f32.init(jax.random.key(0), images)
-  variables = jax.tree.map(lambda p: p + 0.05 * jax.random.normal(jax.random.key(3), p.shape), variables)
+  variables = noisy(variables, 0.05, 3)
   bf16 = models.create_model("ViT-Ti_16", dtype=jnp.bfloat16, **kw)
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(
       bf16.init(jax.random.key(0), images)))
@@ -133,7 +134,7 @@ def test_remat_gives_identical_outputs_and_gradients():
   images = jax.random.normal(jax.random.key(1), (2, 32, 32, 3))
   plain, remat = (models.create_model("ViT-Ti_16", remat=r, **kw) for r in (False, True))
   params = plain.init(jax.random.key(0), images)["params"]
-  params = jax.tree.map(lambda p: p + 0.05 * jax.random.normal(jax.random.key(3), p.shape), params)
+  params = noisy(params, 0.05, 3)
 
   def loss(model, p):
     out = model.apply({"params": p}, images, train=True, rngs={"dropout": jax.random.key(4)})
@@ -150,7 +151,7 @@ def test_dropout_is_active_only_in_training():
                               attention_dropout=0.5, **TINY)
   images = jax.random.normal(jax.random.key(1), (2, 32, 32, 3))
   variables = model.init(jax.random.key(0), images)
-  variables = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(2), p.shape), variables)
+  variables = noisy(variables, 0.1, 2)
   np.testing.assert_array_equal(model.apply(variables, images), model.apply(variables, images))
   a, b = (model.apply(variables, images, train=True, rngs={"dropout": jax.random.key(k)})
           for k in (0, 1))
@@ -219,8 +220,7 @@ def test_stochastic_depth_keeps_the_parameter_tree_and_evaluation():
   variables = plain.init(jax.random.key(0), images)
   assert jax.tree.map(np.shape, deep.init(jax.random.key(0), images)) == jax.tree.map(
       np.shape, variables)
-  variables = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(2), p.shape),
-                           variables)
+  variables = noisy(variables, 0.1, 2)
   np.testing.assert_array_equal(deep.apply(variables, images), plain.apply(variables, images))
   trained = deep.apply(variables, images, train=True, rngs={"dropout": jax.random.key(3)})
   assert not np.allclose(trained, plain.apply(variables, images))

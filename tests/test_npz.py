@@ -185,7 +185,8 @@ def test_logits_match_timm_both_directions(tmp_path, name):
   model = models.create_model(name, num_classes=10)
   params = random_params(model, 224)
   images = np.random.RandomState(0).uniform(-1, 1, (2, 224, 224, 3)).astype(np.float32)
-  ours = np.asarray(jax.jit(model.apply)({"params": params}, images))
+  apply = jax.jit(model.apply)
+  ours = np.asarray(apply({"params": params}, images))
   assert np.abs(ours).max() > 0.1  # non-trivial logits
 
   checkpoint.save_npz(tmp_path / "ours.npz", params)
@@ -201,7 +202,7 @@ def test_logits_match_timm_both_directions(tmp_path, name):
   flat = timm_models.to_npz(reference)
   path = write_npz(tmp_path / "timm.npz", flat)
   loaded = checkpoint.load_npz(path, target=params)
-  np.testing.assert_allclose(np.asarray(jax.jit(model.apply)({"params": loaded}, images)),
+  np.testing.assert_allclose(np.asarray(apply({"params": loaded}, images)),
                              timm_models.logits(reference, images), rtol=0, atol=1e-4)
 
 
