@@ -57,6 +57,8 @@ TESTS = pathlib.Path(__file__).parent
 def pytest_configure(config: pytest.Config) -> None:
   """torch and timm (the cross-checks' reference) load first where a chosen test module uses
   them: after TensorFlow, which most test modules import, their import crashes the process."""
+  if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
+    return  # pytest-xdist's controller, which runs no test: its workers import them (~11 s).
   paths = [config.invocation_params.dir / a.split("::")[0] for a in config.args] or [TESTS]
   modules = [m for p in paths for m in (sorted(p.rglob("test_*.py")) if p.is_dir() else [p])]
   if any(m.is_file() and "timm_models" in m.read_text() for m in modules):

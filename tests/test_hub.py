@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 
+import jax
 import numpy as np
 import pytest
 
@@ -30,7 +31,7 @@ def test_timm_layouts_match_timm(kind, tmp_path, hub_cache):
   write_repo(hub_cache, f"timm/{kind}", {f: folder / f for f in os.listdir(folder)})
   loaded = checkpoint.load(f"hf-hub:timm/{kind}")
   x = images(loaded.image_size)
-  ours = loaded.model.apply({"params": loaded.params}, x)
+  ours = jax.jit(loaded.model.apply)({"params": loaded.params}, x)
   np.testing.assert_allclose(ours, timm_models.logits(model, x), atol=1e-4)
   d, cfg = loaded.description, config["pretrained_cfg"]
   assert d.image_size == cfg["input_size"][-1] and d.num_classes == 5
@@ -42,7 +43,7 @@ def test_timm_layouts_match_timm(kind, tmp_path, hub_cache):
       cfg["interpolation"], "central_crop", cfg["crop_pct"])
   # A local folder of the same files reads the same.
   again = checkpoint.load(str(folder))
-  np.testing.assert_array_equal(again.model.apply({"params": again.params}, x), ours)
+  np.testing.assert_array_equal(jax.jit(again.model.apply)({"params": again.params}, x), ours)
 
 
 def transformers_repo(tmp_path, head: bool, act: str):
@@ -81,7 +82,8 @@ def test_transformers_layout_matches_transformers(repo, head, act, gelu, tmp_pat
   with torch.no_grad():
     out = model(pixel_values=torch.from_numpy(x.transpose(0, 3, 1, 2)))
   want = (out.logits if head else out.pooler_output).numpy()
-  np.testing.assert_allclose(loaded.model.apply({"params": loaded.params}, x), want, atol=1e-4)
+  np.testing.assert_allclose(jax.jit(loaded.model.apply)({"params": loaded.params}, x), want,
+                             atol=1e-4)
   d = loaded.description
   assert d.model["gelu"] == gelu and d.image_size == SIZE
   assert d.num_classes == (5 if head else None) and d.model["representation_size"] == (

@@ -103,7 +103,7 @@ def test_finetune_fit_resizes_posemb_resets_head_drops_prelogits(tmp_path, hybri
   path = tmp_path / "p.npz"
   checkpoint.save_npz(path, params)
   target_model = models.create_model("R26+ViT-S_32", num_classes=3, head_bias_init=-10.0, **HYBRID_TINY)
-  target = target_model.init(jax.random.key(3), jnp.zeros((1, 96, 96, 3)))["params"]
+  target = jax.jit(target_model.init)(jax.random.key(3), jnp.zeros((1, 96, 96, 3)))["params"]
   loaded = checkpoint.load_npz(path, target=target)
   assert "pre_logits" not in loaded
   np.testing.assert_array_equal(loaded["head"]["kernel"], np.zeros((32, 3)))
@@ -114,7 +114,7 @@ def test_finetune_fit_resizes_posemb_resets_head_drops_prelogits(tmp_path, hybri
   np.testing.assert_array_equal(posemb[:, 0], old[:, 0])
   np.testing.assert_array_equal(loaded["block1"]["unit1"]["conv1"]["kernel"],
                                 params["block1"]["unit1"]["conv1"]["kernel"])
-  logits = target_model.apply({"params": loaded}, jnp.ones((2, 96, 96, 3)))
+  logits = jax.jit(target_model.apply)({"params": loaded}, jnp.ones((2, 96, 96, 3)))
   np.testing.assert_array_equal(logits, -10.0)
 
 
