@@ -32,17 +32,11 @@ from vit_jax import cpu_backend  # noqa: E402  (imports no JAX)
 
 cpu_backend.prepare()  # 8 devices whose programs cannot deadlock, before JAX starts.
 
-import jax  # noqa: E402
-
-# A test process writes only programs that took 0.3 s or more to compile: the tiny runs' steps
-# (~2 s each, compiled again by every run in the process: 6 s of a 4-step run, 2 s with the
-# cache). The eager ops of the full-size models' tests, many small programs each compiled once,
-# would cost more to write than to compile (test_npz.py: 94 s without the cache, 115 s with all).
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.3)
-
 import collections  # noqa: E402
 import csv  # noqa: E402
 import fcntl  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
 import pathlib  # noqa: E402
 import shutil  # noqa: E402
 
@@ -52,13 +46,25 @@ import pytest  # noqa: E402
 from helpers import DEBIAN_FASHION_MNIST, TINY_CONFIG_VIT, write_digits_folder  # noqa: E402
 
 TESTS = pathlib.Path(__file__).parent
+# Each file's seconds in a whole run on two workers, for the order of the files (refresh with
+# `pytest --record-file-seconds` after adding or changing a slow test).
+FILE_SECONDS = TESTS / "file_seconds.json"
+_file_seconds: collections.Counter = collections.Counter()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-  """torch and timm (the cross-checks' reference) load first where a chosen test module uses
-  them: after TensorFlow, which most test modules import, their import crashes the process."""
+  """In a process that runs tests: JAX's cache setting, and torch and timm (the cross-checks'
+  reference) loaded first where a chosen test module uses them: after TensorFlow, which most
+  test modules import, their import crashes the process."""
   if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
-    return  # pytest-xdist's controller, which runs no test: its workers import them (~11 s).
+    return  # pytest-xdist's controller runs no test: its workers import these (~13 s).
+  import jax
+  # A test process writes only programs that took 0.3 s or more to compile: the tiny runs'
+  # steps (~2 s each, compiled again by every run in the process: 6 s of a 4-step run, 2 s with
+  # the cache). The eager ops of the full-size models' tests, many small programs each compiled
+  # once, would cost more to write than to compile (test_npz.py: 94 s without the cache, 115 s
+  # with all).
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.3)
   paths = [config.invocation_params.dir / a.split("::")[0] for a in config.args] or [TESTS]
   modules = [m for p in paths for m in (sorted(p.rglob("test_*.py")) if p.is_dir() else [p])]
   if any(m.is_file() and "timm_models" in m.read_text() for m in modules):
@@ -66,11 +72,31 @@ def pytest_configure(config: pytest.Config) -> None:
     timm_models.import_torch()
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+  parser.addoption("--record-file-seconds", action="store_true",
+                   help=f"write each test file's seconds in this run to {FILE_SECONDS.name}")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-  """Files with more slow tests first (each file's own order kept): xdist hands files to its
-  workers in this order, and the longest first leave the shortest to even out the end."""
-  slow = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
-  items.sort(key=lambda item: -slow[item.path])
+  """The longest files first, each file's own order kept (pytest.ini keeps xdist from sorting
+  them by their number of tests): xdist hands files to its workers in this order, and the
+  shortest, last, even out the end. A file not yet timed counts as the longest."""
+  seconds = json.loads(FILE_SECONDS.read_text())
+  items.sort(key=lambda item: -seconds.get(item.path.name, math.inf))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+  _file_seconds[report.nodeid.split("::")[0].rsplit("/", 1)[-1]] += report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+  if session.config.getoption("record_file_seconds") and not hasattr(session.config,
+                                                                    "workerinput"):
+    seconds = json.loads(FILE_SECONDS.read_text())  # The files this run left out keep theirs.
+    seconds.update((name, round(s, 1)) for name, s in _file_seconds.items())
+    ranked = dict(sorted(((n, s) for n, s in seconds.items() if (TESTS / n).is_file()),
+                         key=lambda kv: -kv[1]))
+    FILE_SECONDS.write_text(json.dumps(ranked, indent=1) + "\n")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -116,6 +142,8 @@ def fake_gcloud(tmp_path):
 def tiny_npz(tmp_path_factory) -> str:
   """A randomly initialised tiny ViT at 28 px, written without a description (test_vit.py and
   test_e2e_explore_notebook.py have a tiny_npz of their own)."""
+  import jax
+
   from vit_jax import checkpoint, models
   model = models.create_model("ViT-Ti_16", num_classes=3, **TINY_CONFIG_VIT)
   params = model.init(jax.random.key(0), np.zeros((1, 28, 28, 3), np.float32))["params"]
