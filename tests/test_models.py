@@ -1,5 +1,6 @@
 """Named models: parameter counts, shapes, options, outputs, bad input, their fields' roles."""
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -109,7 +110,9 @@ def test_hybrid_shapes_and_stride():
   model = models.create_model("R50+ViT-B_16", num_classes=3, **TINY)
   assert model.stride == 16
   images = jnp.zeros((1, 64, 64, 3))
-  _, (logits, aux) = init_apply(model, images, return_aux=True)
+  # Shapes only: abstract evaluation, not the full-width stem's hundreds of ops one by one.
+  variables = jax.eval_shape(model.init, jax.random.key(0), images)
+  logits, aux = jax.eval_shape(functools.partial(model.apply, return_aux=True), variables, images)
   assert logits.shape == (1, 3) and aux["encoded"].shape == (1, 1 + 16, 32)
   assert models.create_model("R+ViT-Ti_16").stride == 32
   assert models.create_model("R26+ViT-S_32").stride == 32
@@ -140,7 +143,8 @@ def test_remat_gives_identical_outputs_and_gradients():
     out = model.apply({"params": p}, images, train=True, rngs={"dropout": jax.random.key(4)})
     return jnp.sum(out**2)
 
-  (l1, g1), (l2, g2) = (jax.value_and_grad(loss, argnums=1)(m, params) for m in (plain, remat))
+  (l1, g1), (l2, g2) = (jax.jit(jax.value_and_grad(functools.partial(loss, m)))(params)
+                        for m in (plain, remat))
   np.testing.assert_allclose(l1, l2, rtol=1e-6)
   # Recomputation may fuse differently: equal up to float32 rounding.
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), g1, g2)
@@ -232,8 +236,10 @@ def test_stochastic_depth_drops_whole_branches_per_example_at_linear_rates():
                               mlp_dim=16, num_heads=2, num_layers=layers, stochastic_depth=rate)
   images = jax.random.normal(jax.random.key(1), (n, 8, 8, 3))
   variables = model.init(jax.random.key(0), images[:1])
-  _, state = model.apply(variables, images, train=True, rngs={"dropout": jax.random.key(2)},
-                         capture_intermediates=lambda m, _: isinstance(m, models.vit.DropPath))
+  drop_paths = lambda m, _: isinstance(m, models.vit.DropPath)  # noqa: E731
+  apply = jax.jit(functools.partial(  # 2,048 images: one program, not op by op.
+      model.apply, train=True, capture_intermediates=drop_paths))
+  _, state = apply(variables, images, rngs={"dropout": jax.random.key(2)})
   blocks = state["intermediates"]["Transformer"]
   for i in range(layers):
     branches = blocks[f"encoderblock_{i}"]

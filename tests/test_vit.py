@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import TINY_VIT
+from helpers import TINY_VIT, noisy
 from vit_jax import checkpoint, models
 from vit_jax.models import features, timm_models, vit
 
@@ -156,9 +156,7 @@ def test_ours_moved_into_timm_give_our_logits(layout):
   model = models.create_model("ViT-Ti_16", num_classes=10, num_registers=4,
                               classifier="gap" if gap else "token")
   images = np.random.default_rng(0).uniform(-1, 1, (2, 64, 64, 3)).astype(np.float32)
-  params = model.init(jax.random.key(0), images)["params"]
-  noise = np.random.default_rng(1)
-  params = jax.tree.map(lambda p: p + 0.05 * noise.standard_normal(p.shape, np.float32), params)
+  params = noisy(model.init(jax.random.key(0), images)["params"], 0.05, seed=1)
   reference, _ = timm_with_registers(**LAYOUTS[layout])
   timm_models.load_into(reference, checkpoint.flatten(params))
   np.testing.assert_allclose(timm_models.logits(reference, images),
@@ -189,9 +187,7 @@ def images(h: int, w: int) -> np.ndarray:
 def tiny_npz(tmp_path_factory):
   """A tiny ViT's params at 32 px (a 4x4 grid), perturbed, as an .npz."""
   model = models.create_model("ViT-Ti_16", num_classes=5, **TINY_VIT)
-  params = model.init(jax.random.key(0), images(32, 32))["params"]
-  noise = np.random.default_rng(1)
-  params = jax.tree.map(lambda p: p + 0.1 * noise.standard_normal(p.shape, np.float32), params)
+  params = noisy(model.init(jax.random.key(0), images(32, 32))["params"], 0.1, seed=1)
   path = str(tmp_path_factory.mktemp("dynamic") / "tiny.npz")
   checkpoint.save_npz(path, params)
   return path
