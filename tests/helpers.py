@@ -120,13 +120,19 @@ def random_params(model, size: int, seed: int = 0):
   return noisy(params, 0.02, seed + 1)
 
 
-def noisy(tree, scale: float, seed: int):
-  """Every array of `tree` plus `scale` x standard normal noise, as NumPy arrays: NumPy's noise,
-  as JAX's would compile an op per array shape (~100 programs, ~7 s, for a hybrid)."""
+def random_like(tree, scale: float, seed: int):
+  """`scale` x standard normal float32 NumPy arrays of the shapes of `tree`'s leaves (arrays or
+  jax.ShapeDtypeStruct): drawn on the host, as JAX's would compile a program per array shape
+  (~100 programs, ~7 s, for a hybrid)."""
   import jax
   rng = np.random.default_rng(seed)
-  return jax.tree.map(
-      lambda p: np.asarray(p) + np.float32(scale) * rng.standard_normal(p.shape, np.float32), tree)
+  return jax.tree.map(lambda p: np.float32(scale) * rng.standard_normal(p.shape, np.float32), tree)
+
+
+def noisy(tree, scale: float, seed: int):
+  """Every array of `tree` plus random_like's noise, as NumPy arrays."""
+  import jax
+  return jax.tree.map(lambda p, z: np.asarray(p) + z, tree, random_like(tree, scale, seed))
 
 
 def new_flax_layout(flat):

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import TINY_VIT, tiny_config
+from helpers import TINY_VIT, random_like, tiny_config
 from vit_jax import checkpoint, models
 from vit_jax.config_errors import ConfigError
 from vit_jax.models import timm_models
@@ -20,11 +20,6 @@ TINY = dict(TINY_VIT, num_layers=3)
 def abstract_params(name: str, size: int = 32, **fields) -> dict:
   model = models.create_model(name, num_classes=10, **fields)
   return jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, size, size, 3)))["params"]
-
-
-def random_tree(tree, seed: int):
-  rng = np.random.default_rng(seed)  # On the host: JAX would compile a program per shape.
-  return jax.tree.map(lambda x: rng.standard_normal(x.shape, np.float32), tree)
 
 
 def opt_config(**fields):
@@ -89,8 +84,8 @@ def test_layer_decay_scales_are_timms(name, registers):
 
 
 def test_layer_decay_and_multipliers_scale_the_whole_update():
-  params = random_tree(abstract_params("ViT-Ti_16", **TINY), 0)
-  grads = random_tree(params, 1)
+  params = random_like(abstract_params("ViT-Ti_16", **TINY), 1.0, 0)
+  grads = random_like(params, 1.0, 1)
   plain = one_update(opt_config(), params, grads)
   scaled = one_update(opt_config(layer_decay=0.5, lr_mults=(("head/.*", 10.0),
                                                              (r".*/bias", 3.0))), params, grads)
@@ -105,8 +100,8 @@ def test_layer_decay_and_multipliers_scale_the_whole_update():
 
 
 def test_frozen_parameters_stay_and_hold_no_optimizer_state():
-  params = random_tree(abstract_params("ViT-Ti_16", **TINY), 0)
-  grads = random_tree(params, 1)
+  params = random_like(abstract_params("ViT-Ti_16", **TINY), 1.0, 0)
+  grads = random_like(params, 1.0, 1)
   frozen = ("embedding/.*", "cls", "Transformer/posembed_input/.*",
             "Transformer/encoderblock_0/.*")
   cfg = opt_config(frozen=frozen)
