@@ -61,14 +61,15 @@ def _real_examples(batches):
           for image, label, m in zip(b["image"], b["label"], b["mask"]) if m]
 
 
-def _write_folder(root, bad=()):
-  """root/{train,test}/{cat,dog}/*.png (varied sizes), plus files in `bad`."""
+def _write_folder(root, bad=(), uniform=False):
+  """root/{train,test}/{cat,dog}/*.png and *.jpg (varied sizes unless `uniform`), plus files
+  in `bad`."""
   rng = np.random.default_rng(0)
   for split, count in (("train", 6), ("test", 5)):
     for label in ("cat", "dog"):
       os.makedirs(root / split / label)
       for i in range(count):
-        image = rng.integers(0, 256, (20 + i, 24, 3), np.uint8)
+        image = rng.integers(0, 256, (20 + (not uniform) * i, 24, 3), np.uint8)
         encoded = tf.io.encode_png(image) if i % 2 else tf.io.encode_jpeg(image)
         suffix = ".png" if i % 2 else ".jpg"
         (root / split / label / f"{i}{suffix}").write_bytes(encoded.numpy())
@@ -275,6 +276,27 @@ def test_two_processes_partition_the_eval_split(dataset, cache):
                                     process_count=1)
   assert collections.Counter(per_process[0] + per_process[1]) == (
       collections.Counter(_real_examples(_take(whole, 1000))))
+
+
+@pytest.mark.parametrize("source", ["fashion_mnist", "folder"])
+def test_in_memory_eval_pass_is_the_streamed_one(dataset, tmp_path, source):
+  """A decoded table (its images decoded 1,024 to a call) holds the split's images as streaming
+  decodes them one by one, in the same order."""
+  if source == "folder":
+    _write_folder(tmp_path, uniform=True)  # PNG and JPEG, all 20x24: held decoded.
+    cfg = _real_config(dataset, name=str(tmp_path), data_dir=None, image_size=16)
+  else:
+    cfg = _real_config(dataset, eval_split="test[:1500]")  # A batch of 1,024 and the rest.
+  meta = pipeline._meta(pipeline._source(cfg), cfg, "eval_split")
+  assert pipeline._table_mode(cfg, meta, 1) == "decoded"
+  passes = [_take(pipeline._eval_dataset(_real_config(dataset, **{**cfg, "cache": cache}),
+                                         local_batch=BATCH, process_index=0,
+                                         process_count=1)[0], 1000)
+            for cache in (True, False)]
+  assert sum(int(b["mask"].sum()) for b in passes[0]) == meta.num_examples
+  assert len(passes[0]) == len(passes[1])
+  for in_memory, streamed in zip(*passes):
+    jax.tree.map(np.testing.assert_array_equal, in_memory, streamed)
 
 
 def test_two_processes_train_on_disjoint_shards(dataset):
