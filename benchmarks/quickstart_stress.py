@@ -4,20 +4,28 @@ how long it took and the accuracy it printed; optionally beside a CPU-bound load
   python3 benchmarks/quickstart_stress.py --runs 20
   python3 benchmarks/quickstart_stress.py --runs 10 --load 2    # 2 busy processes beside it
   python3 benchmarks/quickstart_stress.py --runs 1 --min_accuracy 0.9   # what .ci/run checks
+  sudo python3 benchmarks/quickstart_stress.py --runs 1 --cpus 1.2   # a slower machine's stand-in
 
 The command is read from the README (the first bash block's line that runs vit-train,
 with its continuation lines), so it is the one users copy. Each run starts from a new
 --workdir; the venv the command makes is reused after the first run. Standard library only:
 it runs before the venv exists.
+
+--cpus N runs each command in a cgroup whose CPU quota is N CPUs' time (root, with cgroup
+v1's cpu controller or v2's cpu.max): install, imports and training all slowed together, a
+stand-in for a slower machine (benchmarks/README.md says how it was matched to one).
 """
 import argparse
+import contextlib
 import multiprocessing
+import os
 import pathlib
 import re
 import shutil
 import subprocess
 import sys
 import time
+from typing import Callable, Iterator
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ACCURACY = re.compile(r"Final evaluation: accuracy=([0-9.]+)")
@@ -45,12 +53,51 @@ def _busy() -> None:
     pass
 
 
-def run_once(command: str, timeout_s: float) -> tuple[str, float, float | None, str]:
-  """(finished | hung | failed, seconds, accuracy, output tail) of one run of `command`."""
+def in_shell(command: str) -> list[str]:
+  return ["bash", "-c", command]
+
+
+@contextlib.contextmanager
+def cpu_limited(cpus: float | None) -> Iterator[Callable[[str], list[str]]]:
+  """The function that makes a command's argv: run by bash inside a new cgroup held to `cpus`
+  CPUs' time (None: by bash alone). The cgroup is removed on exit."""
+  if cpus is None:
+    yield in_shell
+    return
+  quota = int(cpus * 100_000)  # Per period of 100 ms.
+  for root in (pathlib.Path("/sys/fs/cgroup/cpu"), pathlib.Path("/sys/fs/cgroup")):
+    group = root / f"quickstart_stress_{os.getpid()}"
+    try:
+      group.mkdir()
+    except OSError:
+      continue
+    if (group / "cpu.max").exists():
+      (group / "cpu.max").write_text(f"{quota} 100000")
+    elif (group / "cpu.cfs_quota_us").exists():
+      (group / "cpu.cfs_quota_us").write_text(str(quota))
+    else:
+      group.rmdir()
+      continue
+    # The shell joins the group, then becomes the command: all its processes are in it.
+    script = 'echo $$ > "$1/cgroup.procs" && exec bash -c "$0"'
+    try:
+      yield lambda command: ["bash", "-c", script, command, str(group)]
+    finally:
+      time.sleep(0.5)  # Lets the group's last processes leave it.
+      group.rmdir()
+    return
+  raise SystemExit("--cpus needs root and a cgroup CPU controller (cgroup v1's "
+                   "/sys/fs/cgroup/cpu, or v2 with cpu.max)")
+
+
+def run_once(command: str, timeout_s: float, argv: Callable[[str], list[str]] = in_shell
+             ) -> tuple[str, float, float | None, str]:
+  """(finished | hung | failed, seconds, accuracy, output tail) of one run of `command`, run
+  as `argv(command)`."""
   shutil.rmtree(workdir_of(command), ignore_errors=True)
   t0 = time.time()
   try:
-    proc = subprocess.run(["bash", "-c", command], cwd=REPO, capture_output=True, text=True,
+    proc = subprocess.run(argv(command), cwd=REPO, capture_output=True, text=True,
                           timeout=timeout_s)
   except subprocess.TimeoutExpired as e:
     out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -67,24 +114,28 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--runs", type=int, default=20)
   parser.add_argument("--load", type=int, default=0, help="busy-looping processes beside it")
+  parser.add_argument("--cpus", type=float, default=None,
+                      help="run each command held to this many CPUs' time (a cgroup; root)")
   parser.add_argument("--timeout_s", type=float, default=900)
   parser.add_argument("--min_accuracy", type=float, default=None,
                       help="exit 1 unless every run finished at this accuracy or more")
   args = parser.parse_args()
   command = readme_command()
-  print(f"command: {command}\nruns: {args.runs}, load: {args.load} busy processes", flush=True)
+  print(f"command: {command}\nruns: {args.runs}, load: {args.load} busy processes"
+        + (f", held to {args.cpus} CPUs" if args.cpus else ""), flush=True)
   load = [multiprocessing.Process(target=_busy, daemon=True) for _ in range(args.load)]
   for p in load:
     p.start()
   results = []
   try:
-    for i in range(1, args.runs + 1):
-      status, seconds, accuracy, tail = run_once(command, args.timeout_s)
-      results.append((status, seconds, accuracy))
-      shown = "-" if accuracy is None else f"{accuracy:.4f}"
-      print(f"run {i:2d}: {status:8s} {seconds:7.1f} s  accuracy {shown}", flush=True)
-      if status != "finished":
-        print(tail, flush=True)
+    with cpu_limited(args.cpus) as argv:
+      for i in range(1, args.runs + 1):
+        status, seconds, accuracy, tail = run_once(command, args.timeout_s, argv)
+        results.append((status, seconds, accuracy))
+        shown = "-" if accuracy is None else f"{accuracy:.4f}"
+        print(f"run {i:2d}: {status:8s} {seconds:7.1f} s  accuracy {shown}", flush=True)
+        if status != "finished":
+          print(tail, flush=True)
   finally:
     for p in load:
       p.terminate()

@@ -1,5 +1,8 @@
 """benchmarks/throughput.py: its FLOP count, its report, and a whole run on CPU."""
 import json
+import os
+import pathlib
+import subprocess
 import sys
 
 import numpy as np
@@ -75,3 +78,17 @@ def test_the_stress_script_runs_the_readmes_first_command():
   assert command.endswith(".venv/bin/vit-train --config quickstart "
                           "--workdir /tmp/vit_quickstart")
   assert quickstart_stress.workdir_of(command) == "/tmp/vit_quickstart"
+
+
+def test_the_stress_scripts_cpu_limit_holds_the_command_in_its_cgroup():
+  import quickstart_stress
+  if os.geteuid() != 0:
+    pytest.skip("making a cgroup needs root")
+  with quickstart_stress.cpu_limited(0.5) as argv:
+    group = pathlib.Path(argv("")[-1])
+    quota = group / "cpu.max" if (group / "cpu.max").exists() else group / "cpu.cfs_quota_us"
+    assert quota.read_text().split()[0] == "50000"  # Half of each 100 ms period.
+    out = subprocess.run(argv("cat /proc/self/cgroup"), check=True, capture_output=True,
+                         text=True).stdout
+    assert any(line.endswith(f"/{group.name}") for line in out.splitlines()), out
+  assert not group.exists()
