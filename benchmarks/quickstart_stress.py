@@ -120,6 +120,8 @@ def main() -> None:
   parser.add_argument("--min_accuracy", type=float, default=None,
                       help="exit 1 unless every run finished at this accuracy or more")
   args = parser.parse_args()
+  if args.cpus is not None and not 0.01 <= args.cpus <= os.cpu_count():
+    parser.error(f"--cpus {args.cpus}: expected a number of CPUs in [0.01, {os.cpu_count()}]")
   command = readme_command()
   print(f"command: {command}\nruns: {args.runs}, load: {args.load} busy processes"
         + (f", held to {args.cpus} CPUs" if args.cpus else ""), flush=True)
