@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 
 from vit_jax import models  # noqa: E402
 from vit_jax.models import timm_models  # noqa: E402
-from vit_jax.models import vit  # noqa: E402
+from vit_jax.models import attention  # noqa: E402
 from vit_jax.train import optimizers, sharding, trainer  # noqa: E402
 
 # Dense tensor-core TFLOP/s (datasheet) by device-kind substring: bf16, and f32 (which JAX
@@ -114,7 +114,7 @@ def _xla_flops(lowered) -> Optional[float]:
     return None
 
 
-def bench_vit_jax(args: argparse.Namespace, model: vit.VisionTransformer) -> dict[str, Any]:
+def bench_vit_jax(args: argparse.Namespace, model: models.VisionTransformer) -> dict[str, Any]:
   """Inference first (its peak memory), then training, as the project runs them."""
   devices = jax.devices()[:args.devices]
   mesh = jax.make_mesh((len(devices) // args.fsdp, args.fsdp), ("data", "fsdp"), devices=devices,
@@ -156,7 +156,7 @@ def bench_vit_jax(args: argparse.Namespace, model: vit.VisionTransformer) -> dic
   return out | train
 
 
-def _bench_vit_jax_train(args: argparse.Namespace, model: vit.VisionTransformer,
+def _bench_vit_jax_train(args: argparse.Namespace, model: models.VisionTransformer,
                          mesh: jax.sharding.Mesh, batch: dict[str, jax.Array],
                          handed: list[Any]) -> dict[str, Any]:
   """The project's train step, from the params in `handed` (taken out of it): the phase's
@@ -320,8 +320,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   p.add_argument("--image_size", type=int, default=224)
   p.add_argument("--num_classes", type=int, default=1000)
   p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
-  p.add_argument("--attention_impl", choices=("auto", "none", "xla", "cudnn"), default="auto",
-                 help="model.attention_impl; 'none' is JAX's own default")
+  p.add_argument("--attention_impl", choices=("auto", "xla", "cudnn", "pallas"), default="auto",
+                 help="model.attention_impl (models/attention.py)")
   p.add_argument("--num_layers", type=int, default=None,
                  help="override the model's depth (both frameworks), for quick runs")
   p.add_argument("--remat", action="store_true", help="rematerialise each encoder block")
@@ -379,7 +379,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
                      f"multiple of --fsdp {args.fsdp}.")
   name = models.resolve_name(args.model)
   dtype = jnp.dtype(args.dtype)
-  impl = None if args.attention_impl == "none" else args.attention_impl
+  impl = args.attention_impl
   overrides = dict(remat=args.remat, attention_impl=impl)
   if args.num_layers is not None:
     overrides["num_layers"] = args.num_layers
@@ -397,7 +397,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   device = jax.devices()[0]
   report["device"] = f"{device.platform}: {device.device_kind} (x{args.devices})"
   head_dim = model.hidden_size // model.num_heads
-  report["attention_impl_resolved"] = vit.resolve_attention_impl(impl, dtype, head_dim)
+  report["attention_impl_resolved"] = attention.resolve(impl, dtype, head_dim)
   try:
     report["vit_jax"] = bench_vit_jax(args, model)
   except Exception as e:  # pylint: disable=broad-except  # E.g. out of memory: keep timm's figures.

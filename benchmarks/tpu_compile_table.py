@@ -5,11 +5,12 @@ XLA beside the analytic count, and the roofline bound on images/s and on days fo
 of ImageNet-21k, beside the paper's own cost. A markdown table on stdout.
 
     PYTHONPATH=. python benchmarks/tpu_compile_table.py [--configs b32,b16] \
-        [--slices v4-32,v5litepod-64] [--rows FILE]
+        [--slices v4-32,v5litepod-64] [--rows FILE] [--before OLD]
 
 With --rows, each row is appended to FILE (one JSON object a line) as soon as it is compiled,
 rows already there are not compiled again, and the table shows every row of the file: a long
-table can be built over several runs.
+table can be built over several runs. With --before OLD (an earlier run's rows file), a column
+gives each row's change in HBM and in the roofline bound.
 
 Each compile of a ViT-B takes minutes on 2 CPU cores, ViT-H longer; a config that does not
 fit compiles its candidate fixes too (compile_check.MAX_CANDIDATES at most).
@@ -54,26 +55,37 @@ def row(name: str, slice_name: str) -> dict[str, Any]:
   return out
 
 
-def _cells(r: dict[str, Any]) -> list[str]:
+def _cells(r: dict[str, Any], before: dict[str, Any] | None) -> list[str]:
   fits = "yes" if r["fits"] else f"no: `{r['fix']}`"
   rep = r.get("report")
   if rep is None:
-    return [r["config"], r["slice"], str(r["chips"]), fits] + ["-"] * 6 + [
+    return [r["config"], r["slice"], str(r["chips"]), fits] + ["-"] * 7 + [
         PAPER_CORE_DAYS.get(r["config"], ""), f"{r['compile_s']:.0f}"]
   train = rep["train"]
+  flops = train.get("total_flops", train["flops"])  # Rows from before kernels were counted.
   img_s = train["roofline"]["images_per_s"]
-  days = EPOCHS * EPOCH_IMAGES / img_s / 86400
+  days = EPOCH_IMAGES * EPOCHS / img_s / 86400
   return [r["config"], r["slice"], str(r["chips"]), fits,
           f"{train['total_bytes'] / GiB:.1f} / {rep['hbm_capacity_bytes'] / GiB:.0f}",
-          f"{train['flops'] / 1e12:.2f}", f"{train['analytic_flops'] / 1e12:.2f}",
-          f"{train['flops'] / train['analytic_flops']:.2f}", f"{img_s:,.0f}",
-          f"{days:.1f} ({days * r['chips']:,.0f} chip-days)",
+          f"{flops / 1e12:.2f}", f"{train['analytic_flops'] / 1e12:.2f}",
+          f"{flops / train['analytic_flops']:.2f}", f"{img_s:,.0f}",
+          f"{days:.1f} ({days * r['chips']:,.0f} chip-days)", _change(train, before),
           PAPER_CORE_DAYS.get(r["config"], ""), f"{r['compile_s']:.0f}"]
 
 
+def _change(train: dict[str, Any], before: dict[str, Any] | None) -> str:
+  """HBM and roofline bound against the same row of --before: "HBM -32%, bound 1.25x"."""
+  if before is None or before.get("report") is None:
+    return ""
+  old = before["report"]["train"]
+  hbm = train["total_bytes"] / old["total_bytes"] - 1
+  return (f"HBM {hbm:+.0%}, bound "
+          f"{old['roofline']['step_s'] / train['roofline']['step_s']:.2f}x faster")
+
+
 HEADER = ["config (pretrain:_,i21k)", "slice", "chips", "fits (or the fix)",
-          "train HBM/chip GiB", "XLA TFLOP/chip/step", "analytic", "ratio",
-          "roofline img/s (bound)", f"days for {EPOCHS} epochs (bound)",
+          "train HBM/chip GiB", "TFLOP/chip/step (XLA + kernels)", "analytic", "ratio",
+          "roofline img/s (bound)", f"days for {EPOCHS} epochs (bound)", "vs --before",
           "paper: TPUv3-core-days", "compile s"]
 
 
@@ -82,11 +94,20 @@ def _order(r: dict[str, Any]) -> tuple[int, int]:
   return known(CONFIGS, r["config"]), known(SLICES, r["slice"])
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-  """Rows by config, then slice, in CONFIGS' and SLICES' order."""
+def table(rows: list[dict[str, Any]], before: list[dict[str, Any]] = ()) -> str:
+  """Rows by config, then slice, in CONFIGS' and SLICES' order; beside each, the change from
+  the same row in `before`."""
+  old = {(r["config"], r["slice"]): r for r in before}
   lines = ["| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]
-  return "\n".join(lines + ["| " + " | ".join(_cells(r)) + " |"
-                            for r in sorted(rows, key=_order)])
+  return "\n".join(lines + ["| " + " | ".join(_cells(r, old.get((r["config"], r["slice"]))))
+                            + " |" for r in sorted(rows, key=_order)])
+
+
+def _read(path: str | None) -> list[dict[str, Any]]:
+  if not path or not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
 
 
 def main() -> None:
@@ -95,11 +116,9 @@ def main() -> None:
   p.add_argument("--configs", default=",".join(CONFIGS))
   p.add_argument("--slices", default=",".join(SLICES))
   p.add_argument("--rows", help="a JSON-lines file of rows: appended to, and read back")
+  p.add_argument("--before", help="rows of an earlier run (its --rows file), to compare with")
   args = p.parse_args()
-  rows = []
-  if args.rows and os.path.exists(args.rows):
-    with open(args.rows) as f:
-      rows = [json.loads(line) for line in f if line.strip()]
+  rows = _read(args.rows)
   done = {(r["config"], r["slice"]) for r in rows}
   for name in args.configs.split(","):
     for slice_name in args.slices.split(","):
@@ -109,7 +128,7 @@ def main() -> None:
       if args.rows:
         with open(args.rows, "a") as f:
           f.write(json.dumps(rows[-1]) + "\n")
-  print(table(rows))
+  print(table(rows, _read(args.before)))
 
 
 if __name__ == "__main__":

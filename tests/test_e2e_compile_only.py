@@ -34,7 +34,10 @@ def test_single_host_compile_reports_memory_flops_collectives_and_a_bound():
   assert r["fits"] and r["mesh"] == {"data": 4, "fsdp": 1} and r["per_chip_batch"] == 8
   train, evaluate = r["train"], r["eval"]
   assert 0 < train["total_bytes"] < r["hbm_capacity_bytes"] and evaluate["total_bytes"] > 0
-  assert train["flops"] > train["analytic_flops"] > 0
+  assert r["attention"] == {"asked": "auto", "took": "pallas"}
+  assert train["kernel_flops"] > 0  # Pallas attention: XLA counts none of its FLOPs.
+  assert train["total_flops"] == train["flops"] + train["kernel_flops"]
+  assert train["total_flops"] > train["analytic_flops"] > 0
   assert abs(evaluate["analytic_flops"] * 3 - train["analytic_flops"]) < 1
   assert train["collectives"]["all-reduce"]["ops"] >= 1  # The gradients' mean.
   assert train["roofline"]["images_per_s"] > 0

@@ -1,6 +1,7 @@
 """models/vit.py's options beyond the named models (test_models.py):
 
-- The fused-attention fast path (cuDNN on capable GPUs) equals the explicit softmax one.
+- The fused-attention path ("auto": XLA on CPU) equals the explicit softmax one
+  (test_attention.py: each path).
 - Register tokens (num_registers): timm's register ViTs' weights moved into ours give timm's
   logits and block outputs, ours moved into timm's give ours, and ours write to and read from
   .npz as every other array.
@@ -46,59 +47,10 @@ def test_fused_attention_equals_explicit_softmax(dtype, tol):
     np.testing.assert_allclose(a, b, atol=tol * np.max(np.abs(b)), rtol=tol)
 
 
-def test_auto_picks_cudnn_only_on_a_capable_gpu(monkeypatch):
-  device = jax.devices()[0]  # The backend the suite runs on: cuDNN only on sm80 and newer.
-  capable = device.platform == "gpu" and int(str(device.compute_capability).split(".")[0]) >= 8
-  assert vit.resolve_attention_impl("auto", jnp.bfloat16, 64) == ("cudnn" if capable else None)
-  assert vit.resolve_attention_impl("xla", jnp.bfloat16, 64) == "xla"
-  h100 = types.SimpleNamespace(platform="gpu", compute_capability="9.0")
-  monkeypatch.setattr(jax, "devices", lambda: [h100])
-  assert vit.resolve_attention_impl("auto", jnp.bfloat16, 64) == "cudnn"
-  assert vit.resolve_attention_impl("auto", jnp.float16, 128) == "cudnn"
-  assert vit.resolve_attention_impl("auto", jnp.float32, 64) is None
-  assert vit.resolve_attention_impl("auto", jnp.bfloat16, 160) is None
-  monkeypatch.setattr(jax, "devices", lambda: [types.SimpleNamespace(
-      platform="gpu", compute_capability="7.0")])
-  assert vit.resolve_attention_impl("auto", jnp.bfloat16, 64) is None
-
-
 def test_unknown_attention_impl_is_named():
   model = models.create_model("ViT-Ti_16", attention_impl="flash", **TINY)
   with pytest.raises(ValueError, match="attention_impl='flash'"):
     jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
-
-
-def test_cudnn_padding_to_even_lengths_changes_nothing(monkeypatch):
-  """The cuDNN path pads odd lengths (197 tokens) and masks the pad: same values, same grads.
-
-  Run on CPU by handing the padded, masked call to XLA's implementation. 9 tokens
-  (padded once for all blocks, remat'ed) and the MAP head's single probe (padded there).
-  """
-  model = models.create_model("ViT-Ti_16", num_classes=5, classifier="map", remat=True, **TINY)
-  images = np.random.default_rng(1).normal(size=(2, 24, 24, 3)).astype(np.float32)
-  params = random_params(model, images)
-
-  def loss_and_grads():
-    loss = lambda p: jnp.sum(model.apply({"params": p}, images)**2)  # noqa: E731
-    return jax.jit(jax.value_and_grad(loss))(params)
-
-  reference = loss_and_grads()
-  seen = []
-  dot_product_attention = jax.nn.dot_product_attention
-
-  def as_xla(q, k, v, *, key_value_seq_lengths=None, implementation=None):
-    assert implementation == "cudnn" and q.shape[1] % 2 == 0 and k.shape[1] % 2 == 0
-    seen.append(key_value_seq_lengths)
-    return dot_product_attention(q, k, v, key_value_seq_lengths=key_value_seq_lengths,
-                                 implementation="xla")
-
-  monkeypatch.setattr(vit, "resolve_attention_impl", lambda *_: "cudnn")
-  monkeypatch.setattr(jax.nn, "dot_product_attention", as_xla)
-  padded = loss_and_grads()
-  assert seen and all(lengths is not None for lengths in seen)
-  flat = lambda tree: np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])  # noqa: E731
-  want = flat(reference)
-  np.testing.assert_allclose(flat(padded), want, rtol=1e-4, atol=1e-5 * np.max(np.abs(want)))
 
 
 # timm's layouts: position embedding over the patches only (its register models), or over

@@ -12,11 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax.models import lora as lora_lib, posemb_resize, resnet
+from vit_jax.models import attention, lora as lora_lib, posemb_resize, resnet
+from vit_jax.models.layer_norm import LayerNorm
 
 CLASSIFIERS = ("token", "gap", "map")
 POSEMBS = ("learn", "sincos2d")
-ATTENTION_IMPLS = (None, "auto", "xla", "cudnn")
 # The GELU of the MLPs: "tanh", the approximation the official code and big_vision train with
 # (flax's `nn.gelu` default), or "exact" (erf), the default of PyTorch, timm and transformers.
 GELUS = ("tanh", "exact")
@@ -41,31 +41,6 @@ class Role(enum.Enum):
 
 def _field(role: Role, default: Any = dataclasses.MISSING) -> Any:
   return dataclasses.field(default=default, metadata={"role": role})
-
-
-def resolve_attention_impl(impl: Optional[str], dtype: Any, head_dim: int) -> Optional[str]:
-  """The `implementation` for `jax.nn.dot_product_attention`; "auto" picks cuDNN where it runs.
-
-  JAX's own default (None) is XLA's unfused softmax(QK^T)V. "auto" takes cuDNN
-  flash attention on an NVIDIA GPU of compute capability >= 8.0 for 16-bit
-  inputs and head sizes cuDNN takes, and None otherwise (e.g. on CPU, TPU, f32).
-  """
-  if impl not in ATTENTION_IMPLS:
-    raise ValueError(f"attention_impl={impl!r}, expected one of {ATTENTION_IMPLS}.")
-  if impl != "auto":
-    return impl
-  device = jax.devices()[0]
-  try:  # CUDA devices report e.g. "9.0"; others have none or a non-numeric one.
-    major = int(str(getattr(device, "compute_capability", "")).split(".")[0])
-  except ValueError:
-    return None
-  fits = jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0 and head_dim <= 128
-  return "cudnn" if device.platform == "gpu" and major >= 8 and fits else None
-
-
-def _pad_tokens(x: jnp.ndarray) -> jnp.ndarray:
-  """Pads the token axis (1) of (batch, tokens, features) to an even length."""
-  return jnp.pad(x, ((0, 0), (0, x.shape[1] % 2), (0, 0)))
 
 
 def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.) -> np.ndarray:
@@ -105,9 +80,9 @@ class MlpBlock(nn.Module):
 class MultiHeadDotProductAttention(nn.Module):
   """Multi-head attention with the parameter layout of `flax.linen`'s.
 
-  Runs `jax.nn.dot_product_attention` with `implementation` (see
-  `resolve_attention_impl`; "auto" is cuDNN flash attention on GPU) unless the
-  attention weights are needed: returned to the caller, or dropped out.
+  Runs the path `implementation` names (models/attention.py; "auto": the fused kernel of the
+  device where one runs) unless the attention weights are needed: returned to the caller, or
+  dropped out.
   """
 
   num_heads: int
@@ -123,17 +98,7 @@ class MultiHeadDotProductAttention(nn.Module):
     if features % self.num_heads:
       raise ValueError(f"hidden_size {features} is not divisible by num_heads {self.num_heads}.")
     head_dim = features // self.num_heads
-    # Returned or dropped out, the weights must be materialised: no fused kernel.
-    explicit = return_weights or (self.dropout > 0 and not deterministic)
-    impl = resolve_attention_impl(self.implementation, self.dtype, head_dim)
-    q_len, kv_lengths = inputs_q.shape[1], None
-    if impl == "cudnn" and not explicit and (q_len % 2 or inputs_kv.shape[1] % 2):
-      # JAX's cuDNN gradient rule mistakes its empty bias placeholder for a bias and
-      # then rejects odd lengths (197 tokens): pad to even ones, mask the pad keys out.
-      kv_lengths = jnp.full(inputs_kv.shape[:1], inputs_kv.shape[1], jnp.int32)
-      self_attention = inputs_kv is inputs_q
-      inputs_q = _pad_tokens(inputs_q)
-      inputs_kv = inputs_q if self_attention else _pad_tokens(inputs_kv)
+    impl = attention.resolve(self.implementation, self.dtype, head_dim)
     dense = lambda name: lora_lib.adapt(nn.DenseGeneral(
         features=(self.num_heads, head_dim), dtype=self.dtype,
         kernel_init=nn.initializers.xavier_uniform(), name=name), self.lora)
@@ -142,19 +107,16 @@ class MultiHeadDotProductAttention(nn.Module):
     v = dense("value")(inputs_kv)
 
     weights = None
-    if explicit:
-      logits = jnp.einsum("...qhd,...khd->...hqk", q, k) / np.sqrt(head_dim).astype(q.dtype)
-      weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-      dropped = nn.Dropout(self.dropout)(weights, deterministic).astype(v.dtype)
-      out = jnp.einsum("...hqk,...khd->...qhd", dropped, v)
+    if return_weights or (self.dropout > 0 and not deterministic):
+      out, weights = attention.explicit_attention(
+          q, k, v, lambda w: nn.Dropout(self.dropout)(w, deterministic))
     else:
-      out = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=kv_lengths,
-                                         implementation=impl)
+      out = attention.dot_product_attention(q, k, v, impl)
 
     out = lora_lib.adapt(nn.DenseGeneral(
         features, axis=(-2, -1), dtype=self.dtype,
         kernel_init=nn.initializers.xavier_uniform(), name="out"), self.lora)(out)
-    return out[:, :q_len], weights
+    return out, weights
 
 
 class DropPath(nn.Module):
@@ -184,14 +146,14 @@ class Encoder1DBlock(nn.Module):
   @nn.compact
   def __call__(self, x: jnp.ndarray, deterministic: bool = True,
                return_weights: bool = False):
-    y = nn.LayerNorm(dtype=self.dtype, name="LayerNorm_0")(x)
+    y = LayerNorm(dtype=self.dtype, name="LayerNorm_0")(x)
     y, weights = MultiHeadDotProductAttention(
         self.num_heads, self.attention_dropout, self.dtype, self.attention_impl, self.lora,
         name="MultiHeadDotProductAttention_1")(
             y, y, deterministic=deterministic, return_weights=return_weights)
     y = nn.Dropout(self.dropout)(y, deterministic)
     x = x + DropPath(self.drop_path)(y, deterministic)
-    y = nn.LayerNorm(dtype=self.dtype, name="LayerNorm_2")(x)
+    y = LayerNorm(dtype=self.dtype, name="LayerNorm_2")(x)
     y = MlpBlock(self.mlp_dim, self.dropout, self.dtype, self.lora, self.gelu, name="MlpBlock_3")(
         y, deterministic)
     return x + DropPath(self.drop_path)(y, deterministic), weights
@@ -281,7 +243,7 @@ class Encoder(nn.Module):
       self.sow("intermediates", f"block_{i}_out", x)
       all_weights.append(weights)
     if self.final_norm:
-      x = nn.LayerNorm(dtype=self.dtype, name="encoder_norm")(x)
+      x = LayerNorm(dtype=self.dtype, name="encoder_norm")(x)
     return x, (tuple(all_weights) if return_weights else None)
 
 
@@ -301,7 +263,7 @@ class MAPHead(nn.Module):
     x, _ = MultiHeadDotProductAttention(
         self.num_heads, dtype=self.dtype, implementation=self.attention_impl,
         name="MultiHeadDotProductAttention_0")(probe, x)
-    y = nn.LayerNorm(dtype=self.dtype, name="LayerNorm_0")(x)
+    y = LayerNorm(dtype=self.dtype, name="LayerNorm_0")(x)
     x = x + MlpBlock(self.mlp_dim, dtype=self.dtype, gelu=self.gelu, name="MlpBlock_0")(y)
     return x[:, 0]
 
@@ -349,7 +311,7 @@ class VisionTransformer(nn.Module):
   posemb_interpolation: str = _field(Role.INIT, "bilinear")
   remat: bool = _field(Role.RUNTIME, False)
   dtype: Any = _field(Role.PRECISION, jnp.float32)
-  # "auto": cuDNN flash attention where it runs.
+  # attention.IMPLS; "auto": the device's fused kernel (cuDNN, Pallas on TPU) where it runs.
   attention_impl: Optional[str] = _field(Role.RUNTIME, "auto")
   name_in_registry: Optional[str] = _field(Role.INTERNAL, None)
 
@@ -456,7 +418,7 @@ class VisionTransformer(nn.Module):
 
     x = self._pool(encoded)
     if self.fc_norm:
-      x = nn.LayerNorm(dtype=self.dtype, name="fc_norm")(x)
+      x = LayerNorm(dtype=self.dtype, name="fc_norm")(x)
     if self.representation_size is not None:
       x = nn.tanh(nn.Dense(self.representation_size, dtype=self.dtype, name="pre_logits")(x))
     pre_logits = x.astype(jnp.float32)

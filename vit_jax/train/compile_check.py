@@ -25,6 +25,9 @@ KNOWN_CLASSES = {"imagenet21k": 21843, "imagenet2012": 1000, "cifar10": 10, "cif
                  "oxford_iiit_pet": 37, "oxford_flowers102": 102, "fashion_mnist": 10,
                  "mnist": 10, "svhn_cropped": 10}
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+ATTENTION_PATHS = {"pallas": "Pallas flash attention, no (batch, heads, tokens, tokens) tensor",
+                   "xla": "XLA ops, bf16 probabilities kept for the backward pass",
+                   "cudnn": "cuDNN flash attention"}
 MAX_CANDIDATES = 8  # Compiles the fit search may spend, the config's own not counted.
 
 
@@ -98,13 +101,19 @@ class StepStats:
   output_bytes: int
   alias_bytes: int  # Outputs written into their (donated) arguments' buffers.
   temp_bytes: int
-  flops: float
+  flops: float  # XLA's count.
   bytes_accessed: float
   collectives: dict[str, dict[str, int]]  # kind -> {"ops", "bytes"}.
+  # The analytic FLOPs of the Pallas attention kernels, which XLA's count leaves out.
+  kernel_flops: float = 0.0
 
   @property
   def total_bytes(self) -> int:
     return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+
+  @property
+  def total_flops(self) -> float:
+    return self.flops + self.kernel_flops
 
 
 def _shape_bytes(text: str) -> list[int]:
@@ -135,14 +144,14 @@ def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
   return {k: v for k, v in out.items() if v["ops"]}
 
 
-def step_stats(compiled: jax.stages.Compiled) -> StepStats:
+def step_stats(compiled: jax.stages.Compiled, kernel_flops: float = 0.0) -> StepStats:
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   return StepStats(mem.argument_size_in_bytes, mem.output_size_in_bytes,
                    mem.alias_size_in_bytes, mem.temp_size_in_bytes,
                    float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)),
-                   collectives(compiled.as_text()))
+                   collectives(compiled.as_text()), kernel_flops)
 
 
 def _resnet_flops(model: models.VisionTransformer, size: int) -> tuple[float, int, int]:
@@ -174,12 +183,22 @@ def forward_flops(model: models.VisionTransformer, image_size: int) -> float:
   d, m, p = model.hidden_size, model.mlp_dim, model.patch_size
   patches = (side // p) ** 2
   n = patches + model.num_prefix_tokens
-  block = 2.0 * n * d * 4 * d + 2 * 2.0 * n * n * d + 2 * 2.0 * n * d * m
+  block = 2.0 * n * d * 4 * d + 2 * 2.0 * n * d * m
   width = model.representation_size or d
   head = 2.0 * d * width * (model.representation_size is not None) + 2.0 * width * model.num_classes
-  if model.classifier == "map":  # One query's attention over the tokens, and its MLP.
-    head += 2.0 * (2 * d * d + 2 * n * d * d + 2 * n * d + 2 * d * m)
-  return stem + 2.0 * patches * p * p * channels * d + model.num_layers * block + head
+  if model.classifier == "map":  # One query's projections over the tokens, and its MLP.
+    head += 2.0 * (2 * d * d + 2 * n * d * d + 2 * d * m)
+  return (stem + 2.0 * patches * p * p * channels * d + model.num_layers * block + head
+          + attention_flops(model, image_size))
+
+
+def attention_flops(model: models.VisionTransformer, image_size: int) -> float:
+  """Analytic FLOPs of one image's attention products (QK^T and AV), every block's and a MAP
+  head's: what a fused attention kernel computes."""
+  side = _resnet_flops(model, image_size)[1]
+  n = (side // model.patch_size) ** 2 + model.num_prefix_tokens
+  d = model.hidden_size
+  return model.num_layers * 2 * 2.0 * n * n * d + (model.classifier == "map") * 2 * 2.0 * n * d
 
 
 @dataclasses.dataclass
@@ -188,6 +207,7 @@ class Attempt:
   overrides: dict[str, Any]  # Config fields changed from the config given.
   micro_batch: int
   mesh: tuple[int, int]  # (data, fsdp).
+  attention: str  # The path the blocks' attention took (models/attention.py).
   train: StepStats | None = None
   eval: StepStats | None = None
   error: str | None = None  # The compiler's refusal (out of memory).
@@ -232,13 +252,15 @@ def compile_steps(c: ml_collections.ConfigDict, topology: Topology, num_classes:
   setup = run_setup.setup_on(c, num_classes, topology.devices)
   init_rng, dropout_rng = jax.random.split(jax.random.key(c.seed))
   size = c.data.image_size
-  state, shardings = trainer.abstract_state(setup.model, setup.tx, setup.mesh, (size, size, 3),
-                                            init_rng, ema=c.ema_decay is not None)
-  train = run_setup.train_step_fn(setup, shardings, dropout_rng).lower(
-      state, _abstract_batch(setup, num_classes, train=True)).compile()
-  evaluator = ClassificationEvaluator(run_setup.predict_fn(setup.model), lambda: (), c.loss)
-  evaluate = evaluator.lower(state.params, _abstract_batch(setup, num_classes, train=False))
-  return setup, train, evaluate.compile()
+  with setup.mesh_scope():
+    state, shardings = trainer.abstract_state(setup.model, setup.tx, setup.mesh,
+                                              (size, size, 3), init_rng,
+                                              ema=c.ema_decay is not None)
+    train = run_setup.train_step_fn(setup, shardings, dropout_rng).lower(
+        state, _abstract_batch(setup, num_classes, train=True)).compile()
+    evaluator = ClassificationEvaluator(run_setup.predict_fn(setup.model), lambda: (), c.loss)
+    evaluate = evaluator.lower(state.params, _abstract_batch(setup, num_classes, train=False))
+    return setup, train, evaluate.compile()
 
 
 _SIZE = r"([\d.]+)([KMGT]?)"
@@ -269,6 +291,7 @@ def attempt(c: ml_collections.ConfigDict, topology: Topology, num_classes: int,
   cfg = with_overrides(c, overrides)
   setup = run_setup.setup_on(cfg, num_classes, topology.devices)  # Config errors raise here.
   out = Attempt(overrides, setup.micro_batch, (setup.mesh.shape["data"], setup.mesh.shape["fsdp"]),
+                setup.model.attention_impl,
                 analytic_forward=forward_flops(setup.model, cfg.data.image_size))
   try:
     _, train, evaluate = compile_steps(cfg, topology, num_classes)
@@ -279,7 +302,12 @@ def attempt(c: ml_collections.ConfigDict, topology: Topology, num_classes: int,
                       if any(r.search(line) for r in _OVER_RES)), str(e).splitlines()[0])
     out.over_bytes = _over_bytes_of(str(e))
   else:
-    out.train, out.eval = step_stats(train), step_stats(evaluate)
+    # XLA counts no FLOPs of a Pallas kernel: the attention's, analytic, added to its count.
+    kernel = 0.0
+    if out.attention == "pallas":
+      kernel = attention_flops(setup.model, cfg.data.image_size) * setup.micro_batch / len(
+          topology.devices)
+    out.train, out.eval = step_stats(train, 3 * kernel), step_stats(evaluate, kernel)
     out.over_bytes = max(out.train.total_bytes, eval_resident_bytes(out.train, out.eval)
                          ) - topology.chip.hbm_bytes
   out.compile_s = time.time() - t0
@@ -363,7 +391,7 @@ def roofline(stats: StepStats, chip: tpu_specs.Chip, images: int) -> dict[str, A
   """A lower bound on the step's time per chip: its FLOPs at the chip's peak bfloat16 rate,
   or its HBM traffic at the chip's bandwidth, whichever is longer (collectives and
   everything else that overlaps or stalls left out). Not a measurement."""
-  compute_s = stats.flops / chip.peak_bf16_flops
+  compute_s = stats.total_flops / chip.peak_bf16_flops
   memory_s = stats.bytes_accessed / chip.hbm_bytes_per_s
   step_s = max(compute_s, memory_s)
   return dict(step_s=step_s, compute_s=compute_s, memory_s=memory_s,
@@ -376,7 +404,7 @@ def _step_dict(stats: StepStats | None, analytic: float, chip: tpu_specs.Chip,
   if stats is None:
     return None
   return dataclasses.asdict(stats) | dict(
-      total_bytes=stats.total_bytes, analytic_flops=analytic,
+      total_bytes=stats.total_bytes, total_flops=stats.total_flops, analytic_flops=analytic,
       roofline=roofline(stats, chip, images))
 
 
@@ -391,6 +419,7 @@ def report(c: ml_collections.ConfigDict, topology: Topology, a: Attempt) -> dict
       accum_steps=cfg.accum_steps, micro_batch=a.micro_batch,
       per_chip_batch=a.micro_batch / topology.chips,
       mesh=dict(data=a.mesh[0], fsdp=a.mesh[1]), remat=bool(cfg.model.remat),
+      attention=dict(asked=cfg.model.get("attention_impl") or "auto", took=a.attention),
       hbm_capacity_bytes=chip.hbm_bytes, peak_bf16_flops=chip.peak_bf16_flops,
       hbm_bytes_per_s=chip.hbm_bytes_per_s, chip_source=chip.source,
       fits=a.fits, over_bytes=max(a.over_bytes, 0), error=a.error,
@@ -415,14 +444,16 @@ def _hbm_line(name: str, s: dict[str, Any], capacity: int, total: int) -> str:
 
 
 def _flops_line(name: str, s: dict[str, Any], remat: bool, capacity: int) -> str:
-  ratio = s["flops"] / s["analytic_flops"] if s["analytic_flops"] else float("nan")
+  ratio = s["total_flops"] / s["analytic_flops"] if s["analytic_flops"] else float("nan")
   why = " (remat recomputes the forward: ~4/3 expected)" if remat and name == "train" else ""
   if not why and ratio > 1.05:
     why = (" (HBM nearly full: XLA's own rematerialisation recomputes activations to fit)"
            if s["total_bytes"] > 0.8 * capacity else
            " (elementwise work the analytic count leaves out: norms, softmax, GELU, the loss)")
-  return (f"  {name}: {s['flops'] / 1e12:.3f} TFLOP (XLA) vs {s['analytic_flops'] / 1e12:.3f} "
-          f"analytic, {ratio:.2f}x{why}")
+  kernels = (f" + {s['kernel_flops'] / 1e12:.3f} in the Pallas attention kernels (analytic; XLA "
+             "counts none)" if s["kernel_flops"] else "")
+  return (f"  {name}: {s['flops'] / 1e12:.3f} TFLOP (XLA){kernels} vs "
+          f"{s['analytic_flops'] / 1e12:.3f} analytic, {ratio:.2f}x{why}")
 
 
 def _collective_line(name: str, s: dict[str, Any]) -> str:
@@ -438,7 +469,15 @@ def _header(r: dict[str, Any]) -> list[str]:
           f"({r['device_kind']}), {hosts}",
           f"{r['model']} in {r['dtype']}, batch {r['batch_size']} (micro-batch "
           f"{r['micro_batch']}, {r['per_chip_batch']:g} per chip), mesh data="
-          f"{r['mesh']['data']} x fsdp={r['mesh']['fsdp']}, remat {'on' if r['remat'] else 'off'}"]
+          f"{r['mesh']['data']} x fsdp={r['mesh']['fsdp']}, remat {'on' if r['remat'] else 'off'}",
+          _attention_line(r["attention"], r["device_kind"])]
+
+
+def _attention_line(a: dict[str, Any], device_kind: str) -> str:
+  line = f"attention: {a['took']} ({ATTENTION_PATHS[a['took']]})"
+  if a["asked"] == "auto" and a["took"] != "pallas" and device_kind.startswith("TPU"):
+    line += f"; \"auto\" fell back: the Pallas kernel does not compile for {device_kind} here"
+  return line
 
 
 def format_report(r: dict[str, Any]) -> str:

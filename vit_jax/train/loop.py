@@ -278,26 +278,27 @@ def _train_and_evaluate(c: ml_collections.ConfigDict, workdir: str, report: Repo
   writer = metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
   manager = None
   try:
-    manager, state, shardings, start = _restore_or_init(setup, init_rng)
-    if start == 0:
-      writer.write_hparams({k: str(v) for k, v in c.to_dict().items()})
-    info = _run_info(setup, state, start)
-    if info.trained_parameters < info.parameters:
-      logging.info(info.trained_line)
-    report.started(info)
-    dog = watchdog.StallWatchdog(c.stall_timeout_s,
-                                 functools.partial(_stall_message, setup, manager))
-    scheduled = _build_evaluators(setup, dog)
-    if start >= setup.loop_steps:
-      logging.info("The run in %s is complete (step %d of %d); evaluating its last checkpoint.",
-                   workdir, start, setup.loop_steps)
+    with setup.mesh_scope():  # Pallas attention on TPU runs per shard of the mesh.
+      manager, state, shardings, start = _restore_or_init(setup, init_rng)
+      if start == 0:
+        writer.write_hparams({k: str(v) for k, v in c.to_dict().items()})
+      info = _run_info(setup, state, start)
+      if info.trained_parameters < info.parameters:
+        logging.info(info.trained_line)
+      report.started(info)
+      dog = watchdog.StallWatchdog(c.stall_timeout_s,
+                                   functools.partial(_stall_message, setup, manager))
+      scheduled = _build_evaluators(setup, dog)
+      if start >= setup.loop_steps:
+        logging.info("The run in %s is complete (step %d of %d); evaluating its last checkpoint.",
+                     workdir, start, setup.loop_steps)
+        with dog:
+          return _evaluate({n: e for n, e in scheduled.items() if e.at_end}, state, start, writer,
+                           periodic_actions.ReportProgress(writer=writer), report)
+      train_step, batches = _compiled_step(setup, state, shardings, dropout_rng, start)
       with dog:
-        return _evaluate({n: e for n, e in scheduled.items() if e.at_end}, state, start, writer,
-                         periodic_actions.ReportProgress(writer=writer), report)
-    train_step, batches = _compiled_step(setup, state, shardings, dropout_rng, start)
-    with dog:
-      return _run_steps(setup, state, start, train_step, batches, scheduled, manager, writer,
-                        dog, report, stop)
+        return _run_steps(setup, state, start, train_step, batches, scheduled, manager, writer,
+                          dog, report, stop)
   finally:
     if manager is not None:
       manager.close()  # Waits for the last save, then stops orbax's writer and deleter threads.

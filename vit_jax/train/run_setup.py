@@ -2,6 +2,7 @@
 description fix before the first step (model, optimizer and schedule, mesh, batch, steps), the
 metadata a checkpoint must agree with to be resumed, and the steps that compile_check compiles.
 """
+import contextlib
 import dataclasses
 import json
 from typing import Any, Callable, Sequence
@@ -12,7 +13,7 @@ import ml_collections
 import optax
 
 from vit_jax import checkpoint, data, models
-from vit_jax.models import lora
+from vit_jax.models import attention, lora
 from vit_jax.train import config as config_lib
 from vit_jax.train import optimizers, sharding, trainer
 
@@ -180,9 +181,20 @@ class RunSetup:
       optimizers.trained(_abstract_params(model, c.data.image_size), c.optimizer.frozen,
                          trained_only)
     mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, devices)
+    # "auto" decided for the run's devices, not the host's (compile_check's are a TPU's).
+    model = model.clone(attention_impl=attention.resolve(
+        model.attention_impl, model.dtype, model.hidden_size // model.num_heads,
+        mesh.devices.flat[0]))
     return cls(c, workdir, model, tx, schedule, mesh,
                config_lib.micro_batch_size(c, mesh.size), total_steps, warmup_steps,
                class_names)
+
+  def mesh_scope(self) -> contextlib.AbstractContextManager:
+    """What the run's steps are traced in: its mesh set (`jax.set_mesh`) where the attention
+    kernel runs on each device's part of the batch (Pallas on TPU), nothing otherwise."""
+    if self.model.attention_impl == "pallas":
+      return jax.set_mesh(self.mesh)
+    return contextlib.nullcontext()
 
   @property
   def batch_sharding(self) -> jax.sharding.NamedSharding:

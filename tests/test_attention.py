@@ -1,0 +1,179 @@
+"""models/attention.py's paths and models/layer_norm.py, against independent references:
+
+- "xla" in float32 is jax.nn.dot_product_attention's XLA path exactly, forward and gradients
+  within float32 rounding; in bfloat16 it is as close to the float32 values as JAX's own.
+- "pallas" (the TPU splash kernel, run here in Pallas' interpreter) equals "xla" forward and
+  backward at 197 tokens (padded to 256 and masked) and for one query (the MAP head), in a
+  whole ViT under a mesh of 8 devices too.
+- "cudnn"'s padding of odd lengths changes no value or gradient.
+- "auto": cuDNN on a capable GPU, the Pallas kernel on a TPU chip it compiles for (v5e, through
+  libtpu), XLA where it does not (v3) and on CPU.
+- LayerNorm is flax's in float32 (values and gradients) and within bf16 rounding in bfloat16.
+"""
+import functools
+import types
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import needs_libtpu
+from vit_jax import models
+from vit_jax.models import attention
+from vit_jax.models.layer_norm import LayerNorm
+
+def qkv(shape=(2, 197, 3, 64), kv_tokens=None, seed=0):
+  rng = np.random.default_rng(seed)
+  kv_shape = shape if kv_tokens is None else (shape[0], kv_tokens) + shape[2:]
+  return (rng.normal(size=shape).astype(np.float32),
+          rng.normal(size=kv_shape).astype(np.float32),
+          rng.normal(size=kv_shape).astype(np.float32))
+
+
+def value_and_grads(fn, q, k, v, dtype):
+  """fn's output and the gradients of a random projection of it, as float64 arrays."""
+  w = np.random.default_rng(9).normal(size=q.shape[:-1] + v.shape[-1:]).astype(np.float32)
+
+  def loss(q, k, v):
+    return jnp.sum(fn(q, k, v).astype(jnp.float32) * w)
+
+  args = [jnp.asarray(x, dtype) for x in (q, k, v)]
+  with jax.default_matmul_precision("highest"):
+    out = jax.jit(fn)(*args)
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*args)
+  return [np.asarray(x.astype(jnp.float32), np.float64) for x in (out, *grads)]
+
+
+def max_errors(got, want):
+  return [float(np.max(np.abs(g - w)) / np.max(np.abs(w))) for g, w in zip(got, want)]
+
+
+def test_xla_path_in_float32_is_jax_own():
+  q, k, v = qkv()
+  np.testing.assert_array_equal(jax.jit(attention.xla_attention)(q, k, v),
+                                jax.jit(jax.nn.dot_product_attention)(q, k, v))
+  ours = value_and_grads(attention.xla_attention, q, k, v, jnp.float32)
+  jax_own = value_and_grads(jax.nn.dot_product_attention, q, k, v, jnp.float32)
+  assert max(max_errors(ours, jax_own)) < 1e-5
+
+
+def test_xla_path_in_bfloat16_is_as_close_to_float32_as_jax_own():
+  q, k, v = qkv()
+  reference = value_and_grads(jax.nn.dot_product_attention, q, k, v, jnp.float32)
+  ours = max_errors(value_and_grads(attention.xla_attention, q, k, v, jnp.bfloat16), reference)
+  jax_own = max_errors(
+      value_and_grads(jax.nn.dot_product_attention, q, k, v, jnp.bfloat16), reference)
+  assert max(ours) < 2e-2
+  for a, b in zip(ours, jax_own):  # Output, dq, dk, dv: no worse than JAX's autodiff path.
+    assert a < 1.5 * b
+
+
+INTERPRETED = functools.partial(attention._splash, interpret=True)
+
+
+@pytest.mark.parametrize("tokens,kv_tokens", [(197, None), (1, 197)], ids=["197", "MAP head"])
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
+def test_pallas_kernel_equals_the_xla_path(tokens, kv_tokens, dtype, tol):
+  q, k, v = qkv((2, tokens, 2, 64), kv_tokens)
+  want = value_and_grads(attention.xla_attention, q, k, v, dtype)
+  assert max(max_errors(value_and_grads(INTERPRETED, q, k, v, dtype), want)) < tol
+
+
+@pytest.mark.slow
+def test_pallas_in_a_vit_under_a_mesh_equals_xla(monkeypatch):
+  """The kernel per device's part of the batch (shard_map over the run's mesh of 8): a ViT's
+  loss and every gradient as the XLA path gives them."""
+  monkeypatch.setattr(attention, "_splash", INTERPRETED)
+  mesh = jax.make_mesh((4, 2), ("data", "fsdp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  images = np.random.default_rng(1).normal(size=(8, 32, 32, 3)).astype(np.float32)
+  labels = np.arange(8) % 5
+
+  def loss_and_grads(impl):
+    model = models.create_model("ViT-Ti_16", num_classes=5, patch_size=8, hidden_size=32,
+                                mlp_dim=64, num_heads=2, num_layers=2, attention_impl=impl)
+    params = jax.eval_shape(model.init, jax.random.key(0), images[:1])["params"]
+    rng = np.random.default_rng(2)
+    params = jax.tree.map(lambda x: rng.normal(0, 0.3, x.shape).astype(np.float32), params)
+
+    def loss(p, images):
+      logits = model.apply({"params": p}, images)
+      return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], 1))
+
+    batch = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
+    with jax.set_mesh(mesh):
+      return jax.jit(jax.value_and_grad(loss))(params, jax.device_put(images, batch))
+
+  def flat(tree):
+    return np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])
+
+  want, got = flat(loss_and_grads("xla")), flat(loss_and_grads("pallas"))
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.max(np.abs(want)))
+
+
+def test_cudnn_padding_to_even_lengths_changes_nothing(monkeypatch):
+  """The cuDNN path pads odd lengths (197 tokens, the MAP head's 1) and masks the pad: the
+  same values and gradients. Run on CPU by handing the padded, masked call to XLA's."""
+  seen = []
+  dot_product_attention = jax.nn.dot_product_attention
+
+  def as_xla(q, k, v, *, key_value_seq_lengths=None, implementation=None):
+    assert implementation == "cudnn" and q.shape[1] % 2 == 0 and k.shape[1] % 2 == 0
+    seen.append(key_value_seq_lengths)
+    return dot_product_attention(q, k, v, key_value_seq_lengths=key_value_seq_lengths,
+                                 implementation="xla")
+
+  monkeypatch.setattr(jax.nn, "dot_product_attention", as_xla)
+  for shape, kv_tokens in (((2, 197, 3, 64), None), ((2, 1, 3, 64), 197)):
+    q, k, v = qkv(shape, kv_tokens)
+    want = value_and_grads(dot_product_attention, q, k, v, jnp.float32)
+    got = value_and_grads(functools.partial(attention.dot_product_attention, impl="cudnn"),
+                          q, k, v, jnp.float32)
+    assert max(max_errors(got, want)) < 1e-5
+  assert seen and all(lengths is not None for lengths in seen)
+
+
+def test_auto_picks_cudnn_only_on_a_capable_gpu():
+  h100 = types.SimpleNamespace(platform="gpu", compute_capability="9.0")
+  v100 = types.SimpleNamespace(platform="gpu", compute_capability="7.0")
+  assert attention.resolve("auto", jnp.bfloat16, 64, h100) == "cudnn"
+  assert attention.resolve("auto", jnp.float16, 128, h100) == "cudnn"
+  assert attention.resolve("auto", jnp.float32, 64, h100) == "xla"
+  assert attention.resolve("auto", jnp.bfloat16, 160, h100) == "xla"
+  assert attention.resolve("auto", jnp.bfloat16, 64, v100) == "xla"
+  assert attention.resolve("auto", jnp.bfloat16, 64) == "xla"  # This CPU.
+  assert attention.resolve(None, jnp.bfloat16, 64, h100) == "xla"  # JAX's default.
+  assert attention.resolve("pallas", jnp.bfloat16, 64) == "pallas"  # Asked for: taken.
+
+
+@needs_libtpu
+def test_auto_picks_pallas_where_the_kernel_compiles_for_the_chip():
+  from jax.experimental import topologies
+  chip = lambda name: topologies.get_topology_desc(  # noqa: E731
+      platform="tpu", topology_name=name).devices[0]
+  assert attention.resolve("auto", jnp.bfloat16, 64, chip("v5e:2x2")) == "pallas"
+  assert attention.resolve("auto", jnp.bfloat16, 64, chip("v3:2x2")) == "xla"  # No Mosaic.
+  assert attention.pallas_compiles(chip("v6e:2x2"), 80, "bfloat16")  # ViT-H/14's heads.
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_layer_norm_is_flax_own(dtype):
+  rng = np.random.default_rng(0)
+  x = (rng.normal(size=(4, 9, 32)) * 3 + 1).astype(np.float32)
+  params = {"params": {"scale": rng.normal(size=32).astype(np.float32),
+                       "bias": rng.normal(size=32).astype(np.float32)}}
+  w = rng.normal(size=x.shape).astype(np.float32)
+
+  def value_and_grad(norm):
+    loss = lambda p, x: jnp.sum(norm.apply(p, x).astype(jnp.float32) * w)  # noqa: E731
+    return [norm.apply(params, x)] + jax.tree.leaves(
+        jax.jit(jax.grad(loss, argnums=(0, 1)))(params, x))
+
+  ours = value_and_grad(LayerNorm(dtype=dtype))
+  flax_own = value_and_grad(nn.LayerNorm(dtype=dtype))
+  assert ours[0].dtype == flax_own[0].dtype == dtype
+  np.testing.assert_array_equal(np.asarray(ours[0], np.float32), np.asarray(flax_own[0], np.float32))
+  errors = max_errors([np.asarray(a, np.float64) for a in ours[1:]],
+                      [np.asarray(b, np.float64) for b in flax_own[1:]])
+  assert max(errors) < (1e-6 if dtype == jnp.float32 else 3e-3), errors
