@@ -25,7 +25,7 @@ KNOWN_CLASSES = {"imagenet21k": 21843, "imagenet2012": 1000, "cifar10": 10, "cif
                  "oxford_iiit_pet": 37, "oxford_flowers102": 102, "fashion_mnist": 10,
                  "mnist": 10, "svhn_cropped": 10}
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-ATTENTION_PATHS = {"pallas": "Pallas flash attention, no (batch, heads, tokens, tokens) tensor",
+ATTENTION_PATHS = {"pallas": "Pallas splash attention, no (batch, heads, tokens, tokens) tensor",
                    "xla": "XLA ops, bf16 probabilities kept for the backward pass",
                    "cudnn": "cuDNN flash attention"}
 MAX_CANDIDATES = 8  # Compiles the fit search may spend, the config's own not counted.
