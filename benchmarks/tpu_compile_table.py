@@ -74,18 +74,20 @@ def _cells(r: dict[str, Any], before: dict[str, Any] | None) -> list[str]:
 
 
 def _change(train: dict[str, Any], before: dict[str, Any] | None) -> str:
-  """HBM and roofline bound against the same row of --before: "HBM -32%, bound 1.25x"."""
+  """HBM and the roofline bound on images/s against the same row of --before: "HBM -32%,
+  1.25x img/s"."""
   if before is None or before.get("report") is None:
     return ""
+  if before["report"]["train"] == train:
+    return "the same row (not compiled again)"
   old = before["report"]["train"]
   hbm = train["total_bytes"] / old["total_bytes"] - 1
-  return (f"HBM {hbm:+.0%}, bound "
-          f"{old['roofline']['step_s'] / train['roofline']['step_s']:.2f}x faster")
+  return f"HBM {hbm:+.0%}, {old['roofline']['step_s'] / train['roofline']['step_s']:.2f}x img/s"
 
 
 HEADER = ["config (pretrain:_,i21k)", "slice", "chips", "fits (or the fix)",
           "train HBM/chip GiB", "TFLOP/chip/step (XLA + kernels)", "analytic", "ratio",
-          "roofline img/s (bound)", f"days for {EPOCHS} epochs (bound)", "vs --before",
+          "roofline img/s (bound)", f"days for {EPOCHS} epochs (bound)", "vs --before (bound)",
           "paper: TPUv3-core-days", "compile s"]
 
 
