@@ -1,8 +1,8 @@
 """The attention paths of a ViT block, and which one "auto" takes on a device.
 
 - "xla": softmax(QK^T / sqrt(d)) V as XLA ops, the logits and the softmax in float32. In
-  float32 these are jax.nn.dot_product_attention's XLA path's values exactly. With 16-bit
-  inputs the softmax's numerators are cast to that dtype for the AV product and the rows
+  float32 it is jax.nn.dot_product_attention's XLA path itself. With 16-bit inputs (our VJP,
+  `xla_attention`, whose float32 values are JAX's too) the softmax's numerators are cast to that dtype for the AV product and the rows
   normalised after it (flash attention's order), and the backward pass keeps those 16-bit
   numerators: one (batch, heads, tokens, tokens) bf16 tensor a block, where autodiff of the
   float32 softmax keeps two float32 ones and a bf16 one (3x the HBM and most of the traffic).
@@ -71,6 +71,10 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, impl: str) -
   """Multi-head attention of (batch, tokens, heads, head_dim) inputs by the path `impl`
   (resolve's answer)."""
   if impl == "xla":
+    # Float32 keeps JAX's own autodiff (the same values, the same gradients to the bit as ever):
+    # the saving is in 16 bits.
+    if q.dtype == jnp.float32:
+      return jax.nn.dot_product_attention(q, k, v)
     return xla_attention(q, k, v)
   if impl == "pallas":
     return pallas_attention(q, k, v)
