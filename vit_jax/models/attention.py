@@ -158,58 +158,30 @@ def pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
 
 def _splash(q, k, v, interpret: bool = False):
   """JAX's splash attention kernel on (batch, tokens, heads, head_dim) inputs, over tokens
-  padded to whole blocks: every real query attends to the real keys only; the pad's queries,
-  dropped after, to every key (a row with no key would be 0/0).
+  padded to whole blocks (`_splash_kernel`).
 
   The backward pass is of our own making: it keeps the output as the rest of the block has it,
   unpadded and tokens-major, and pads it again for the backward kernel when that block's turn
   comes. The kernel's own VJP keeps it padded (197 -> 256 tokens) and lane-padded (a TPU tile
-  is 128 wide, a head 64): 192 MiB a block for B/16 at 256 images. It is built of the kernel module's forward and backward functions
-  (`_splash_attention_forward`, `_splash_attention_bwd`), composed as its own VJP composes
-  them; tests/test_attention.py checks the values and gradients.
+  is 128 wide, a head 64): 192 MiB a block for B/16 at 256 images. It is built of the kernel
+  module's forward and backward functions (`_splash_attention_forward`,
+  `_splash_attention_bwd`), composed as its own VJP composes them; tests/test_attention.py
+  checks the values and gradients.
   """
-  from jax.experimental.pallas.ops.tpu.splash_attention import (
-      splash_attention_kernel as splash, splash_attention_mask as masks)
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
   (_, q_len, heads, _), kv_len = q.shape, k.shape[1]
   q_padded, kv_padded = (-(-n // PALLAS_BLOCK) * PALLAS_BLOCK for n in (q_len, kv_len))
-  allowed = np.zeros((q_padded, kv_padded), bool)
-  allowed[:, :kv_len] = True
-  allowed[q_len:] = True
-  # Tokens minor in memory: 64-dimensional heads minor would be padded to 128 lanes.
-  minor = splash.QKVLayout.SEQ_MINOR
-  sizes = splash.BlockSizes(
-      block_q=PALLAS_BLOCK, block_kv=PALLAS_BLOCK, block_q_dkv=PALLAS_BLOCK,
-      block_kv_dkv=PALLAS_BLOCK, use_fused_bwd_kernel=True,
-      q_layout=minor, k_layout=minor, v_layout=minor)
-  kernel = splash.make_splash_mha(masks.MultiHeadMask([masks.NumpyMask(allowed)] * heads),
-                                  block_sizes=sizes, head_shards=1, q_seq_shards=1,
-                                  interpret=interpret)
+  kernel = _splash_kernel(q_len, kv_len, q_padded, kv_padded, heads, interpret)
   kw = {k: v for k, v in kernel.kwargs.items() if k != "save_residuals"}
 
-  def collapsed(info):  # As the kernel's own entry point passes its masks on.
-    blocks = info.partial_mask_blocks
-    return info if blocks is None else info._replace(
-        partial_mask_blocks=blocks.reshape(-1, *blocks.shape[-2:]))
-
-  def padded(x, n):  # (batch, tokens, heads, d) -> (batch, heads, n tokens, d).
-    return jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
-
-  def unpadded(x, n):
-    return x.transpose(0, 2, 1, 3)[:, :n]
-
-  def scaled(x):
-    # The kernel takes the scale in the queries: applied in float32, rounded once (1/8 for 64
-    # dimensions, exact); the queries' gradient takes it too.
-    return (x.astype(jnp.float32) / np.sqrt(x.shape[-1])).astype(x.dtype)
-
   def forward(fwd_info, dkv_info, q, k, v):
-    q, k, v = padded(scaled(q), q_padded), padded(k, kv_padded), padded(v, kv_padded)
+    q, k, v = _padded(_scaled(q), q_padded), _padded(k, kv_padded), _padded(v, kv_padded)
     one = lambda q, k, v: splash._splash_attention_forward(  # noqa: E731
         fwd_info, q, k, v, None, None, save_residuals=True, **kw)
     out, (lse,) = jax.vmap(one)(q, k, v)
     # A barrier makes the unpadded output a buffer of its own (XLA would otherwise read the
     # kernel's, keeping it), and one in the backward pass keeps the padding of it there.
-    out = jax.lax.optimization_barrier(unpadded(out, q_len))
+    out = jax.lax.optimization_barrier(_unpadded(out, q_len))
     return out, (dkv_info, q, k, v, out, lse)
 
   def backward(residuals, d_out):
@@ -223,13 +195,54 @@ def _splash(q, k, v, interpret: bool = False):
           kw["interpret"], (q, k, v, None, None, out, lse, None, dkv_info), d_out)
       return grads[3:6]  # q, k, v's.
 
-    dq, dk, dv = jax.vmap(one)(q, k, v, padded(out, q_padded), lse, padded(d_out, q_padded))
-    return (None, None, scaled(unpadded(dq, q_len)), unpadded(dk, kv_len),
-            unpadded(dv, kv_len))
+    dq, dk, dv = jax.vmap(one)(q, k, v, _padded(out, q_padded), lse, _padded(d_out, q_padded))
+    return (None, None, _scaled(_unpadded(dq, q_len)), _unpadded(dk, kv_len),
+            _unpadded(dv, kv_len))
 
   attend = jax.custom_vjp(lambda *args: forward(*args)[0])
   attend.defvjp(forward, backward)
-  return attend(collapsed(kernel.fwd_mask_info), collapsed(kernel.dkv_mask_info), q, k, v)
+  return attend(_collapsed(kernel.fwd_mask_info), _collapsed(kernel.dkv_mask_info), q, k, v)
+
+
+def _splash_kernel(q_len: int, kv_len: int, q_padded: int, kv_padded: int, heads: int,
+                   interpret: bool) -> Any:
+  """The kernel for padded tokens: every real query attends to the real keys only; the pad's
+  queries, dropped after, to every key (a row with no key would be 0/0)."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import (
+      splash_attention_kernel as splash, splash_attention_mask as masks)
+  allowed = np.zeros((q_padded, kv_padded), bool)
+  allowed[:, :kv_len] = True
+  allowed[q_len:] = True
+  # Tokens minor in memory: 64-dimensional heads minor would be padded to 128 lanes.
+  minor = splash.QKVLayout.SEQ_MINOR
+  sizes = splash.BlockSizes(
+      block_q=PALLAS_BLOCK, block_kv=PALLAS_BLOCK, block_q_dkv=PALLAS_BLOCK,
+      block_kv_dkv=PALLAS_BLOCK, use_fused_bwd_kernel=True,
+      q_layout=minor, k_layout=minor, v_layout=minor)
+  return splash.make_splash_mha(masks.MultiHeadMask([masks.NumpyMask(allowed)] * heads),
+                                block_sizes=sizes, head_shards=1, q_seq_shards=1,
+                                interpret=interpret)
+
+
+def _collapsed(info):
+  """A mask's blocks as the kernel's own entry point passes them on."""
+  blocks = info.partial_mask_blocks
+  return info if blocks is None else info._replace(
+      partial_mask_blocks=blocks.reshape(-1, *blocks.shape[-2:]))
+
+
+def _padded(x, n):  # (batch, tokens, heads, d) -> (batch, heads, n tokens, d).
+  return jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
+
+
+def _unpadded(x, n):
+  return x.transpose(0, 2, 1, 3)[:, :n]
+
+
+def _scaled(x):
+  # The kernel takes the scale in the queries: applied in float32, rounded once (1/8 for 64
+  # dimensions, exact); the queries' gradient takes it too.
+  return (x.astype(jnp.float32) / np.sqrt(x.shape[-1])).astype(x.dtype)
 
 
 def _pad_tokens(x: jax.Array) -> jax.Array:
