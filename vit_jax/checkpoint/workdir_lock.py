@@ -163,13 +163,25 @@ def _take_here(workdir: str) -> Lock:
       continue
     text, other = found
     if other.alive():
-      raise WorkdirInUse(
-          f"{workdir} is in use by PID {other.pid} on host {other.host} (since "
-          f"{other.since}): wait for it, stop it, or remove {path} if that process is gone.")
+      raise _in_use(workdir, other)
     if _remove_if_unchanged(path, text):
       taken_over = other
   raise WorkdirInUse(f"{path} kept changing while it was read: is another run starting on "
                      f"{workdir}? Retry once it has.")
+
+
+def check_free(workdir: str) -> None:
+  """Raises WorkdirInUse where a live process holds the workdir's lock, as take would: a look
+  that takes nothing, for a refusal before a run's seconds of start-up."""
+  found = _read(lock_path(workdir)) if "://" not in str(workdir) else None
+  if found is not None and found[1].alive():
+    raise _in_use(workdir, found[1])
+
+
+def _in_use(workdir: str, other: Holder) -> WorkdirInUse:
+  return WorkdirInUse(
+      f"{workdir} is in use by PID {other.pid} on host {other.host} (since {other.since}): "
+      f"wait for it, stop it, or remove {lock_path(workdir)} if that process is gone.")
 
 
 def _agree(refused: bool) -> bool:

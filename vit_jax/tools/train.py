@@ -17,8 +17,8 @@ absl's --alsologtostderr) shows them on stderr too. Warnings and errors reach th
 Only process 0 of a multi-process run reports; the others log to WORKDIR/train.processN.log.
 
 One run at a time per workdir: WORKDIR/lock names the process that holds it, from before the
-run writes there to its end; another run on the same workdir ends at once with status 2 and one
-line naming that process.
+run writes there to its end; another run on the same workdir ends with status 2 and one line
+naming that process, before TensorFlow loads (seconds).
 """
 import ast
 import contextlib
@@ -194,6 +194,8 @@ def parse_flags(argv: list[str]) -> list[str]:
   # The shipped configs import no TensorFlow (seconds): a wrong flag is told before it loads.
   with cli.native_logs():  # A config file of the user's may import it: its C++ lines.
     rest = _parse(resolve_config_flag(argv))
+  if len(rest) > 1:  # absl hands back what is not a flag: nothing would read it.
+    cli.fail(_leftover(rest[1]))
   given = config_flags.get_override_values(FLAGS["config"])
   for unit, other in _UNIT_PAIRS:
     for a, b in ((unit, other), (other, unit)):
@@ -213,10 +215,21 @@ def parse_flags(argv: list[str]) -> list[str]:
     return rest
   try:
     cli.check_output_dir("--workdir", FLAGS.workdir)
-  except OSError as e:
+    if not (FLAGS.distributed or FLAGS.coordinator_address):  # Else process 0's, in main.
+      from vit_jax.checkpoint import workdir_lock
+      workdir_lock.check_free(FLAGS.workdir)  # Before TensorFlow's and JAX's seconds.
+  except (OSError, InputError) as e:
     cli.fail(e)
   cli.start_tensorflow()
   return rest
+
+
+def _leftover(arg: str) -> str:
+  """The line refusing an argument that is not a flag (absl leaves it to the program)."""
+  hint = (f"; did you mean --{arg}?" if re.fullmatch(r"config\.[\w.]+=.*", arg) else
+          "; pass config fields as --config.FIELD=VALUE" if "=" in arg else "")
+  return (f"unexpected argument {arg!r}: vit-train takes flags only (--name=value), and reads "
+          f"nothing else{hint}")
 
 
 def _compiling() -> bool:
