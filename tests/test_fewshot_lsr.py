@@ -4,8 +4,9 @@ sampling, errors, batches preprocessed as the checkpoint records; and vit-fewsho
 import numpy as np
 import pytest
 import scipy.linalg
+from PIL import Image
 
-from helpers import VALUE_RANGE
+from helpers import VALUE_RANGE, tiny_serving_checkpoint
 from vit_jax import checkpoint
 from vit_jax.evaluators import fewshot_lsr
 from vit_jax.train import sharding
@@ -108,8 +109,45 @@ def test_a_sweep_where_every_checkpoint_fails_writes_a_well_formed_report(tmp_pa
                        "--image_size=16", f"--out_dir={out}"])
   assert code == 1
   report = (out / "fewshot.md").read_text()
-  assert report.startswith("No results: every checkpoint failed.\n\nFailed checkpoints:\n- ")
+  assert report.startswith("No results: every checkpoint failed.\n\nFailed:\n- ")
   assert "broken.npz: " in report
+
+
+def test_a_failed_checkpoint_fails_the_sweep_after_the_others_ran(tmp_path, capsys):
+  """jobs.py's rule: the good checkpoint's rows are written, the bad one is named in one line
+  (no traceback), the status is 1."""
+  from vit_jax.tools import fewshot
+  good = tiny_serving_checkpoint(tmp_path / "good.npz", "plain")
+  (tmp_path / "broken.npz").write_bytes(b"not a checkpoint")
+  images = np.random.default_rng(0).integers(0, 255, (3, 4, 16, 16, 3), np.uint8)
+  for split, n in (("train", 4), ("test", 1)):  # Two to spare a class beyond 2 shots.
+    for c, name in enumerate("abc"):
+      (tmp_path / "small" / split / name).mkdir(parents=True)
+      for i in range(n):
+        Image.fromarray(images[c, i]).save(tmp_path / "small" / split / name / f"{i}.png")
+  out = tmp_path / "out"
+  code = fewshot.main([str(tmp_path / "broken.npz"), good, f"--datasets={tmp_path / 'small'}",
+                       "--image_size=16", "--shots=1,2", "--seeds=1", f"--out_dir={out}"])
+  err = capsys.readouterr().err
+  assert code == 1, err
+  assert "Traceback" not in err
+  assert err.splitlines()[-2:] == ["Probes that failed (1):",
+                                   f"  {tmp_path / 'broken.npz'}: CheckpointError: "
+                                   f"{tmp_path / 'broken.npz'} is not an .npz file (no zip "
+                                   "header). Released ViT checkpoints are .npz files with "
+                                   "'/'-joined keys."]
+  assert (out / "fewshot.csv").read_text().count(good) == 2  # Its 1- and 2-shot rows.
+
+
+def test_the_examples_held_out_for_l2_shrink_to_what_small_classes_spare():
+  assert fewshot_lsr.held_out_per_class([50, 40, 60], (1, 5, 25)) == 10
+  assert fewshot_lsr.held_out_per_class([3, 5, 4], (1, 2)) == 1
+  with pytest.raises(ValueError, match="class 'b' has 2 examples: 2 shots take 2 of them, and "
+                     "1 more is held out to choose the l2 value on; use at most 1 shots"):
+    fewshot_lsr.held_out_per_class([5, 2, 4], (1, 2), class_names=("a", "b", "c"))
+  train, test = _clusters(3, 10)  # Three examples a class: two shots, one held out.
+  results = fewshot_lsr.evaluate_dataset("blobs", train, test, 5, shots=(1, 2), seeds=2)
+  assert [r.shots for r in results] == [1, 2]
 
 
 def test_fewshot_batches_are_preprocessed_as_the_checkpoint_was(dataset):

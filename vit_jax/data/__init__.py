@@ -8,6 +8,7 @@ from typing import Any
 
 _EXPORTS = {
     "DataOptionError": "sources",
+    "class_counts": "pipeline",
     "DatasetInfo": "pipeline",
     "dataset_info": "pipeline",
     "eval_iterator": "pipeline",

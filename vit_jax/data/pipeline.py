@@ -19,6 +19,7 @@ from typing import Callable
 
 import jax
 import ml_collections
+import numpy as np
 import tensorflow as tf
 
 from vit_jax.data import config as config_lib
@@ -82,6 +83,16 @@ def dataset_info(cfg: ml_collections.ConfigDict) -> DatasetInfo:
       class_names=source.class_names,
       skipped_images=(source.skipped_images(cfg.train_split) +
                       source.skipped_images(cfg.eval_split)))
+
+
+def class_counts(cfg: ml_collections.ConfigDict) -> np.ndarray:
+  """Examples per class of cfg.train_split: its labels read, no image decoded (checks that need
+  them, such as few-shot's shots a class, come before any model runs)."""
+  source = _source(cfg)
+  labels = source.read(cfg.train_split, 0, 1).map(
+      pp.traced(lambda example: example["label"])).batch(1 << 16)
+  return np.bincount(np.concatenate([np.zeros(0, np.int64), *labels.as_numpy_iterator()]),
+                     minlength=len(source.class_names))
 
 
 def _rng(key: tf.Tensor, *data) -> tf.Tensor:

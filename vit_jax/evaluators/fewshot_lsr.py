@@ -75,6 +75,22 @@ def sample_shots(labels: np.ndarray, shots: int, seed: int, num_classes: int,
   return np.concatenate(chosen)
 
 
+def held_out_per_class(counts: Sequence[int], shots: Sequence[int], val_per_class: int = 10,
+                       class_names: Sequence[str] = ()) -> int:
+  """How many examples of each class are held out of the shots' pool to choose the l2 value on:
+  `val_per_class`, fewer where the smallest class (`counts`: examples per class) has fewer to
+  spare beyond the largest shot count (a folder of a few images a class), at least 1. Raises
+  ValueError naming that class when it has none to spare."""
+  smallest = int(np.argmin(counts))
+  n, k = int(counts[smallest]), max(shots)
+  if n - k < 1:
+    name = repr(class_names[smallest]) if class_names else str(smallest)
+    fix = f"use at most {n - 1} shots" if n > 1 else "give that class 2 examples or more"
+    raise ValueError(f"class {name} has {n} example{'s' * (n != 1)}: {k} shots take {k} of "
+                     f"them, and 1 more is held out to choose the l2 value on; {fix}")
+  return min(val_per_class, n - k)
+
+
 def compute_features(repr_fn: Callable, batches: Iterable[dict]) -> tuple[np.ndarray, np.ndarray]:
   """Representations and labels of the real (mask 1) examples, in order."""
   feats, labels = [], []
@@ -86,15 +102,30 @@ def compute_features(repr_fn: Callable, batches: Iterable[dict]) -> tuple[np.nda
   return np.concatenate(feats), np.concatenate(labels)
 
 
+def _data_config(name: str, data_dir: str | None, split: str, download: bool,
+                 **fields) -> ml_collections.ConfigDict:
+  cfg = data.get_data_config()
+  cfg.update(name=name, data_dir=data_dir, eval_split=split, train_split=split,
+             download=download, **fields)
+  return cfg
+
+
+def check_shots(name: str, data_dir: str | None, split: str, shots: Sequence[int],
+                download: bool = False, val_per_class: int = 10) -> None:
+  """Raises ValueError (held_out_per_class's) where a class of `split` has too few examples
+  for the shots and the held-out ones: before any model runs. Reads the split's labels."""
+  cfg = _data_config(name, data_dir, split, download)
+  held_out_per_class(data.class_counts(cfg), shots, val_per_class,
+                     data.dataset_info(cfg).class_names)
+
+
 def dataset_batches(name: str, data_dir: str | None, split: str, image_size: int,
                     batch_size: int, sharding: Sharding,
                     preprocessing: Preprocessing = Preprocessing(),
                     download: bool = False) -> tuple[Callable, int]:
   """A callable giving one masked pass over `split` of a dataset, preprocessed as the model
   expects, and its class count."""
-  cfg = data.get_data_config()
-  cfg.update(name=name, data_dir=data_dir, eval_split=split, train_split=split,
-             image_size=image_size, download=download)
+  cfg = _data_config(name, data_dir, split, download, image_size=image_size)
   info = data.dataset_info(cfg)
   return (lambda: data.eval_iterator(cfg, global_batch_size=batch_size, sharding=sharding,
                                      preprocessing=preprocessing), info.num_classes)
@@ -144,16 +175,18 @@ def evaluate_dataset(name: str, train: tuple[np.ndarray, np.ndarray],
                      val_per_class: int = 10) -> list[FewShotResult]:
   """Few-shot accuracies on one dataset's cached features.
 
-  The l2 value is chosen per shot count on `val_per_class` examples per class held
-  out from the train features (never from the test split), then the test accuracy
-  at that l2 is reported.
+  The l2 value is chosen per shot count on `val_per_class` examples per class (fewer where a
+  class is small: held_out_per_class) held out from the train features (never from the test
+  split), then the test accuracy at that l2 is reported.
   """
   x_pool, y_pool = train
   x_test, y_test = test
   for what, x in (("train", x_pool), ("test", x_test)):
     if not np.all(np.isfinite(x)):
       raise FloatingPointError(f"{name}: the {what} representations contain NaN or inf.")
-  val_idx = sample_shots(y_pool, val_per_class, seed=10_000, num_classes=num_classes)
+  counts = np.bincount(y_pool, minlength=num_classes)
+  val_idx = sample_shots(y_pool, held_out_per_class(counts, shots, val_per_class), seed=10_000,
+                         num_classes=num_classes)
   results = []
   for k in shots:
     test_acc = np.zeros((seeds, len(l2_regs)))
@@ -187,15 +220,17 @@ class FewShotEvaluator:
     self.datasets, self.shots, self.seeds = datasets, tuple(shots), seeds
     self.l2_regs, self.val_per_class = tuple(l2_regs), val_per_class
 
-  def run_detailed(self, params) -> list[FewShotResult]:
+  def run_dataset(self, params, name: str) -> list[FewShotResult]:
+    """The results on one of the datasets."""
     fn = lambda images: self.repr_fn(params, images)
-    results = []
-    for name, (train_batches, test_batches, num_classes) in self.datasets.items():
-      train = compute_features(fn, train_batches())
-      test = compute_features(fn, test_batches())
-      results += evaluate_dataset(name, train, test, num_classes, self.shots, self.seeds,
-                                  self.l2_regs, self.val_per_class)
-    return results
+    train_batches, test_batches, num_classes = self.datasets[name]
+    train = compute_features(fn, train_batches())
+    test = compute_features(fn, test_batches())
+    return evaluate_dataset(name, train, test, num_classes, self.shots, self.seeds,
+                            self.l2_regs, self.val_per_class)
+
+  def run_detailed(self, params) -> list[FewShotResult]:
+    return [r for name in self.datasets for r in self.run_dataset(params, name)]
 
   def run(self, params) -> dict[str, float]:
     return {f"{r.dataset}_{r.shots}shot": r.mean for r in self.run_detailed(params)}

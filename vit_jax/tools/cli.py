@@ -24,7 +24,7 @@ import signal
 import sys
 import tempfile
 import threading
-from typing import Callable, Iterator, NoReturn, Sequence, TextIO
+from typing import Callable, Iterator, Mapping, NoReturn, Sequence, TextIO
 
 import tqdm
 from absl import logging as absl_logging
@@ -116,6 +116,31 @@ def check_output_dir(flag: str, path: str) -> None:
     raise OSError(f"{flag} {path}: cannot create this folder: {existing} is a file")
   if not os.access(existing, os.W_OK | os.X_OK):
     raise OSError(f"{flag} {path}: this user may not write in {existing}")
+
+
+def check_owned(flag: str, path: str, owned: Callable[[str], bool], what: str) -> None:
+  """Refuses an existing local folder `path` that holds an entry `owned` does not recognise as
+  this command's own (`what` says what it writes there): a run must not write into a user's
+  folder of other files, nor leave its output mixed with them."""
+  if "://" in path or not os.path.isdir(path):
+    return
+  foreign = sorted(name for name in os.listdir(path) if not owned(name))
+  if foreign:
+    shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+    raise OSError(f"{flag} {path}: the folder holds files this command did not write ({shown}); "
+                  f"it writes {what}: give a new or empty folder")
+
+
+def check_counts(args: argparse.Namespace, minimums: Mapping[str, int]) -> None:
+  """Refuses, in one line naming the flag, a count flag (an int or a list of ints; None: not
+  given) below its minimum: before any work, not as a late failure or a meaningless row."""
+  for name, minimum in minimums.items():
+    value = getattr(args, name)
+    values = value if isinstance(value, (list, tuple)) else [value]
+    if any(v is not None and v < minimum for v in values):
+      each = "each value " if len(values) > 1 else ""
+      raise ValueError(f"--{name}={','.join(map(str, values))}: {each}must be a whole number "
+                       f"of {minimum} or more")
 
 
 def _ancestors(path: str) -> list[str]:

@@ -8,29 +8,30 @@ directories (the model is read from the run), globs allowed. Each is probed at i
 resolution (unless --image_size) on images preprocessed as its description records (value
 range, crop). Writes fewshot.csv, fewshot.md and fewshot.png to --out_dir:
 checkpoint x dataset x shots, mean ± std over seeds. A checkpoint that fails to load is
-reported and the sweep goes on.
+reported and the sweep goes on (exit status 1).
 """
 import argparse
 import csv
 import functools
 import glob
 import os
-import sys
-import traceback
 from typing import Callable, Sequence
 
 import numpy as np
 
 from vit_jax import checkpoint, data, models
 from vit_jax.evaluators import fewshot_lsr
-from vit_jax.tools import cli
+from vit_jax.tools import cli, jobs
 from vit_jax.train import sharding
+
+
+OUTPUTS = ("fewshot.csv", "fewshot.md", "fewshot.png")
 
 
 def write_reports(rows: list[dict], failures: dict[str, str], out_dir: str) -> None:
   os.makedirs(out_dir, exist_ok=True)
   fields = ["checkpoint", "dataset", "shots", "mean", "std", "l2", "accuracies"]
-  with open(os.path.join(out_dir, "fewshot.csv"), "w", newline="") as f:
+  with open(os.path.join(out_dir, OUTPUTS[0]), "w", newline="") as f:
     writer = csv.DictWriter(f, fields)
     writer.writeheader()
     writer.writerows(rows)
@@ -45,10 +46,10 @@ def write_reports(rows: list[dict], failures: dict[str, str], out_dir: str) -> N
                if (ckpt, ds, k) in by_key else "" for k in shots]
       lines.append(f"| {ckpt} | {ds} | " + " | ".join(cells) + " |")
   if failures:
-    lines += ["", "Failed checkpoints:"] + [f"- {c}: {e}" for c, e in failures.items()]
-  with open(os.path.join(out_dir, "fewshot.md"), "w") as f:
+    lines += ["", "Failed:"] + [f"- {job}: {e}" for job, e in failures.items()]
+  with open(os.path.join(out_dir, OUTPUTS[1]), "w") as f:
     f.write("\n".join(lines) + "\n")
-  _plot(rows, datasets, os.path.join(out_dir, "fewshot.png"))
+  _plot(rows, datasets, os.path.join(out_dir, OUTPUTS[2]))
 
 
 def _plot(rows: list[dict], datasets: list[str], path: str) -> None:
@@ -71,22 +72,42 @@ def _plot(rows: list[dict], datasets: list[str], path: str) -> None:
 
 
 def _probe(path: str, model_name: str | None, image_size: int | None, datasets: Callable,
-           shots: Sequence[int], seeds: int, l2_regs: Sequence[float],
+           shots: Sequence[int], seeds: int, l2_regs: Sequence[float], failures: dict[str, str],
            base: str | None = None) -> list[dict]:
   """One checkpoint's rows, on the datasets preprocessed as its description says (at
-  `image_size`, else at its own resolution)."""
-  ckpt = checkpoint.load(path, model_name and models.resolve_name(model_name),
-                         image_size=image_size, head=False, base=base)
+  `image_size`, else at its own resolution); a job per dataset, its failures in `failures`
+  (`CKPT on DATASET`, or `CKPT` where it cannot be loaded)."""
+  ckpt = jobs.attempt(path, lambda: checkpoint.load(
+      path, model_name and models.resolve_name(model_name), image_size=image_size, head=False,
+      base=base), failures)
+  if ckpt is None:
+    return []
   evaluator = fewshot_lsr.FewShotEvaluator(
       fewshot_lsr.representation_fn(ckpt.model),
       datasets(ckpt.image_size, ckpt.description.preprocessing), shots, seeds, l2_regs)
   rows = []
-  for r in evaluator.run_detailed(ckpt.params):
-    rows.append(dict(checkpoint=path, dataset=r.dataset, shots=r.shots, mean=r.mean, std=r.std,
-                     l2=r.l2, accuracies=" ".join(f"{a:.4f}" for a in r.accuracies)))
-    print(f"  {r.dataset} {r.shots:>3}-shot: {100 * r.mean:.2f} ± {100 * r.std:.2f} "
-          f"(l2={r.l2:g})", flush=True)
+  for name in evaluator.datasets:
+    for r in jobs.attempt(f"{path} on {name}", lambda: evaluator.run_dataset(ckpt.params, name),
+                          failures) or []:
+      rows.append(dict(checkpoint=path, dataset=r.dataset, shots=r.shots, mean=r.mean,
+                       std=r.std, l2=r.l2, accuracies=" ".join(f"{a:.4f}" for a in r.accuracies)))
+      print(f"  {r.dataset} {r.shots:>3}-shot: {100 * r.mean:.2f} ± {100 * r.std:.2f} "
+            f"(l2={r.l2:g})", flush=True)
   return rows
+
+
+def check_shots(datasets: Sequence[str], data_dir: str | None, train_split: str,
+                shots: Sequence[int], download: bool) -> None:
+  """Refuses shots that a class of a dataset's train split cannot give, with the examples held
+  out to choose the l2 value on, before any checkpoint loads."""
+  for name in datasets:
+    try:
+      fewshot_lsr.check_shots(name, data_dir, train_split, shots, download)
+    except data.DataOptionError:
+      raise
+    except ValueError as e:
+      raise ValueError(f"--shots={','.join(map(str, shots))}: {name} {train_split}: {e}, or "
+                       "a larger --train_split") from None
 
 
 def sweep(checkpoints: Sequence[str], model_name: str | None, datasets: Sequence[str],
@@ -94,7 +115,8 @@ def sweep(checkpoints: Sequence[str], model_name: str | None, datasets: Sequence
           batch_size: int, shots: Sequence[int], seeds: int, l2_regs: Sequence[float],
           out_dir: str, download: bool = False, base: str | None = None
           ) -> tuple[list[dict], dict[str, str]]:
-  """Probes every checkpoint on every dataset; a checkpoint that fails is reported, not fatal.
+  """Probes every checkpoint on every dataset: jobs.py's rule, a job per (checkpoint, dataset);
+  returns the rows and the failed jobs (see _probe) with why.
 
   `image_size` None probes each checkpoint at its own resolution."""
   fewshot_lsr.check_l2(l2_regs)
@@ -107,15 +129,11 @@ def sweep(checkpoints: Sequence[str], model_name: str | None, datasets: Sequence
 
   # Reads only the datasets' metadata: a dataset that cannot be read fails here, once.
   batches(image_size or checkpoint.description.DEFAULT_IMAGE_SIZE, checkpoint.Preprocessing())
+  check_shots(datasets, data_dir, train_split, shots, download)
   rows, failures = [], {}
   for i, path in enumerate(checkpoints):
     print(f"[{i + 1}/{len(checkpoints)}] {path}", flush=True)
-    try:
-      rows += _probe(path, model_name, image_size, batches, shots, seeds, l2_regs, base)
-    except Exception as e:  # Report and go on with the next checkpoint.
-      failures[path] = f"{type(e).__name__}: {e}"
-      print(f"  FAILED: {failures[path]}", file=sys.stderr, flush=True)
-      traceback.print_exc(limit=3)
+    rows += _probe(path, model_name, image_size, batches, shots, seeds, l2_regs, failures, base)
   write_reports(rows, failures, out_dir)
   return rows, failures
 
@@ -163,6 +181,10 @@ def main(argv: list[str]) -> int:
   for pattern in args.checkpoints:
     paths += sorted(glob.glob(pattern)) or [pattern]
   cli.check_checkpoints([*paths, args.base or ""])  # Before the library's imports: seconds.
+  cli.check_counts(args, dict(shots=1, seeds=1, batch_size=1, image_size=1))
+  fewshot_lsr.check_l2(args.l2)
+  cli.check_output_dir("--out_dir", args.out_dir)
+  cli.check_owned("--out_dir", args.out_dir, OUTPUTS.__contains__, ", ".join(OUTPUTS))
   cli.route_logs(verbose=args.verbose)
   cli.start_tensorflow()
   try:
@@ -172,7 +194,7 @@ def main(argv: list[str]) -> int:
   except data.DataOptionError as e:  # A dataset that cannot be read: nothing to probe on.
     return cli.input_error(e.worded(_DATA_OPTIONS))
   print(f"Wrote {args.out_dir}/fewshot.{{csv,md,png}}", flush=True)
-  return cli.FAILED if len(failures) == len(paths) else 0
+  return jobs.finish(failures, "probes")
 
 
 def run() -> None:
