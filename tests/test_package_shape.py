@@ -11,7 +11,7 @@ from helpers import REPO
 
 # Bottom to top; parts of one layer do not import each other.
 LAYERS = (
-    ("config_errors", "cpu_backend"),
+    ("config_errors", "cpu_backend", "goodput"),
     ("models", "data", "losses"),
     ("checkpoint",),
     ("evaluators", "serving"),

@@ -18,6 +18,7 @@ head against depth and attention rollout.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import textwrap
@@ -27,7 +28,7 @@ import jax
 import numpy as np
 from etils import epy
 
-from vit_jax import checkpoint, models
+from vit_jax import checkpoint, goodput, models
 from vit_jax.configs import finetune
 from vit_jax.models import registry
 from vit_jax.tools import cli
@@ -277,6 +278,9 @@ def main(argv: list[str]) -> int:
           if args.json else format_description(args.checkpoint, described, opened))
     return 0
   found, ckpt = report(args.checkpoint, args.model, args.dataset, args.base)
+  summary = goodput.summarize(goodput.read(args.checkpoint))
+  if summary is not None:  # A training run's workdir, with the record of its attempts.
+    found["goodput"] = dataclasses.asdict(summary)
   if args.figures:
     cli.start_tensorflow()
     found.update(_figures(ckpt, args))
@@ -284,6 +288,8 @@ def main(argv: list[str]) -> int:
     print(json.dumps(found, indent=1))
   else:
     print(format_text(found))
+    if summary is not None:
+      print("\n".join(goodput.format_summary(summary)))
     if args.figures and not args.images:
       print("(The attention distance and rollout figures need --images.)")
   return 0

@@ -1,0 +1,183 @@
+"""WORKDIR/goodput.json: the record of a run's attempts, and of the time spent waiting for
+the capacity they ran on, from which `vit-inspect WORKDIR` tells productive step time from
+wall time.
+
+  {"attempts": [{"started": T, "start_step": 0, "total_steps": 12, "first_step_at": T,
+                 "last_step": 7, "last_step_at": T, "saved_step": 4, "ended": T | null,
+                 "outcome": "finished" | "stopped" | "failed: ValueError" | null}, ...],
+   "capacity": [{"requested": T, "active": T, "why": "preempted at about step 7"}, ...]}
+
+T: seconds since the epoch. A training run's process 0 appends its attempt when it starts and
+updates it as it goes (`AttemptLog`); an attempt whose `outcome` stayed null ended without a
+word (its machine taken away, a kill -9). The launcher (launch/recover.py) appends `capacity`
+entries, between attempts only, so the two never write at once.
+"""
+import dataclasses
+import json
+import time
+from typing import Any
+
+from etils import epath
+
+NAME = "goodput.json"
+# Seconds between two progress writes (a bucket write each): the start, saves and the end are
+# always written.
+MIN_INTERVAL_S = 30.0
+
+
+def path(workdir: str | epath.Path) -> epath.Path:
+  return epath.Path(workdir) / NAME
+
+
+def read(workdir: str | epath.Path) -> dict[str, list[dict[str, Any]]]:
+  """The record; empty lists where there is none (or it does not read)."""
+  try:
+    found = json.loads(path(workdir).read_text()) if path(workdir).exists() else {}
+  except (OSError, ValueError):
+    found = {}
+  return {"attempts": list(found.get("attempts", [])), "capacity": list(found.get("capacity", []))}
+
+
+def _write(workdir: str | epath.Path, record: dict[str, Any]) -> None:
+  target = path(workdir)
+  partial = target.parent / f"{NAME}.partial"
+  partial.write_text(json.dumps(record, indent=1))
+  partial.replace(target)  # A reader never sees half a file.
+
+
+def record_capacity(workdir: str | epath.Path, requested: float, active: float, why: str) -> None:
+  """Appends a wait for capacity (between attempts: no run writes the file meanwhile)."""
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+  record = read(workdir)
+  record["capacity"].append({"requested": requested, "active": active, "why": why})
+  _write(workdir, record)
+
+
+class AttemptLog:
+  """This run's attempt in the record: `step` after train steps, `end` once. Written by one
+  process (`enabled`); errors writing it are the run's (a workdir it cannot write)."""
+
+  def __init__(self, workdir: str, start_step: int, total_steps: int, enabled: bool = True,
+               min_interval_s: float = MIN_INTERVAL_S):
+    self.workdir, self.enabled, self.min_interval_s = workdir, enabled, min_interval_s
+    now = time.time()
+    self.entry: dict[str, Any] = {
+        "started": now, "start_step": start_step, "total_steps": total_steps,
+        "first_step_at": None, "last_step": start_step, "last_step_at": now,
+        "saved_step": start_step, "ended": None, "outcome": None}
+    self.index: int | None = None
+    self.written_at = 0.0
+    self._save()
+
+  def _save(self) -> None:
+    if not self.enabled:
+      return
+    record = read(self.workdir)
+    if self.index is None:
+      self.index = len(record["attempts"])
+      record["attempts"].append(self.entry)
+    else:
+      record["attempts"][self.index:self.index + 1] = [self.entry]
+    _write(self.workdir, record)
+    self.written_at = time.time()
+
+  def step(self, step: int, saved: bool = False) -> None:
+    """After train step `step`; `saved` when its checkpoint is being written."""
+    now = time.time()
+    first = self.entry["first_step_at"] is None
+    self.entry.update(last_step=step, last_step_at=now)
+    if first:
+      self.entry["first_step_at"] = now
+    if saved:
+      self.entry["saved_step"] = step
+    if first or saved or now - self.written_at >= self.min_interval_s:
+      self._save()
+
+  def end(self, outcome: str) -> None:
+    self.entry.update(ended=time.time(), outcome=outcome)
+    self._save()
+
+  def __enter__(self) -> "AttemptLog":
+    return self
+
+  def __exit__(self, kind, error, traceback) -> None:
+    """The outcome: finished; stopped (a signal's save-and-stop, Ctrl-C: not an Exception);
+    failed, naming the exception."""
+    if kind is None:
+      self.end("finished")
+    else:
+      self.end(f"failed: {kind.__name__}" if issubclass(kind, Exception) else "stopped")
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+  """Where a run's wall time went, in seconds."""
+  attempts: int
+  wall_s: float
+  training_s: float  # Between the first and the last step of each attempt.
+  waiting_s: float  # For capacity.
+  repeated_s: float  # Training steps done again after a resume.
+  repeated_steps: int
+  last_step: int
+  total_steps: int
+  finished: bool
+
+  @property
+  def productive_s(self) -> float:
+    return self.training_s - self.repeated_s
+
+  @property
+  def other_s(self) -> float:
+    return max(self.wall_s - self.training_s - self.waiting_s, 0.0)
+
+
+def _repeated(attempts: list[dict[str, Any]]) -> list[int]:
+  """Each attempt's steps that an earlier attempt had already trained."""
+  out, reached = [], 0
+  for a in attempts:
+    out.append(max(min(reached, a["last_step"]) - a["start_step"], 0))
+    reached = max(reached, a["last_step"])
+  return out
+
+
+def summarize(record: dict[str, list[dict[str, Any]]], now: float | None = None) -> Summary | None:
+  """The record's totals; None where it holds no attempt."""
+  attempts, capacity = record["attempts"], record["capacity"]
+  if not attempts:
+    return None
+  training = repeated_s = 0.0
+  repeated = _repeated(attempts)
+  for a, again in zip(attempts, repeated):
+    if a["first_step_at"] is None:
+      continue
+    seconds = a["last_step_at"] - a["first_step_at"]
+    timed = a["last_step"] - a["start_step"] - 1  # The first step's call is the clock's start.
+    training += seconds
+    repeated_s += seconds * min(again, timed) / timed if timed > 0 else 0.0
+  begin = min([a["started"] for a in attempts] + [c["requested"] for c in capacity])
+  last = attempts[-1]
+  end = now if now is not None else (last["ended"] or last["last_step_at"])
+  return Summary(len(attempts), end - begin, training,
+                 sum(c["active"] - c["requested"] for c in capacity), repeated_s, sum(repeated),
+                 max(a["last_step"] for a in attempts), last["total_steps"],
+                 last["outcome"] == "finished")
+
+
+def duration(seconds: float) -> str:
+  """`1h 02m`, `3m 05s`, `12s`."""
+  seconds = round(seconds)
+  h, m, s = seconds // 3600, seconds // 60 % 60, seconds % 60
+  return f"{h}h {m:02d}m" if h else f"{m}m {s:02d}s" if m else f"{s}s"
+
+
+def format_summary(s: Summary) -> list[str]:
+  """The summary as vit-inspect prints it: each part of the wall time and its share."""
+  state = "finished" if s.finished else "not finished"
+  parts = [("productive training", s.productive_s),
+           (f"repeated steps ({s.repeated_steps}, done again after a resume)", s.repeated_s),
+           ("waiting for capacity", s.waiting_s),
+           ("other (start-up, set-up, compiling, restoring, evaluation at the end)", s.other_s)]
+  wall = max(s.wall_s, 1e-9)
+  return [f"Goodput: {s.attempts} attempt{'s' * (s.attempts != 1)}, step {s.last_step} of "
+          f"{s.total_steps}, {state}; wall time {duration(s.wall_s)}"] + [
+              f"  {name}: {duration(t)} ({t / wall:.1%})" for name, t in parts]
