@@ -17,6 +17,17 @@ class LaunchError(ValueError):
   """A bad argument, found before anything was created or started."""
 
 
+class Failed(RuntimeError):
+  """A launch that went wrong after it began (a queued resource that failed): one line on
+  stderr, exit status 1."""
+
+
+def tpu_vm_command(verb: str, args: argparse.Namespace, *rest: str) -> list[str]:
+  """`gcloud compute tpus tpu-vm VERB ...` in --zone and --project."""
+  project = [f"--project={args.project}"] if args.project else []
+  return ["gcloud", "compute", "tpus", "tpu-vm", verb, *rest, f"--zone={args.zone}", *project]
+
+
 def check_config(spec: str) -> tuple[pathlib.Path | None, str]:
   """Checks a --config spec without running it: (the config file, absolute, or None for a
   config shipped in vit_jax, which every worker has installed; ':arg' or '')."""
@@ -80,6 +91,9 @@ def main(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
     return handler(args) or 0
   except LaunchError as e:
     parser.error(str(e))
+  except Failed as e:
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    return 1
   except subprocess.CalledProcessError as e:
     print(f"error: {shlex.join(e.cmd)} exited with code {e.returncode}", file=sys.stderr)
     return e.returncode

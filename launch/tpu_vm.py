@@ -17,6 +17,17 @@ jax.distributed.initialize() finds the other workers by itself.
 `up` and `run` first compile the config's steps for the accelerator type here (`vit-train
 --compile_only`, libtpu without a TPU) and stop, before any gcloud command, if it does not fit
 the chips' memory, naming the change that makes it fit; --no-preflight skips that.
+
+Capacity that has to be waited for (launch/queued.py, launch/recover.py):
+
+  python launch/tpu_vm.py up --queued --spot --recover --name vit --zone us-west4-a \
+      --accelerator-type v5litepod-16 --config pretrain:b16,i1k --workdir gs://BUCKET/vit_b16
+  python launch/tpu_vm.py delete --queued --name vit --zone us-west4-a
+
+--queued asks for the slice through a queued resource (--spot, --reserved or --best-effort;
+--valid-until-duration; --num-slices N for multislice) and waits for it, saying each state;
+--recover then follows the job to its end, asking for the slice again and resuming the run
+whenever it stops short; `watch`, with the same flags as `up`, follows a job already started.
 """
 import argparse
 import dataclasses
@@ -31,12 +42,14 @@ from typing import Sequence
 
 if __package__ in (None, ""):  # Run as a file: python launch/tpu_vm.py.
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from launch import common  # noqa: E402
+from launch import common, queued, recover  # noqa: E402
 from launch.common import LaunchError  # noqa: E402
 from vit_jax.train import tpu_specs  # noqa: E402
 
 REMOTE_DIR = "vit_jax"  # On each worker, relative to the home directory.
 LOG = f"{REMOTE_DIR}/logs/train.log"
+EXIT = f"{REMOTE_DIR}/logs/train.exit"  # The job's exit status, once it ended.
+MEGASCALE_PORT = "8080"  # Slices' port for the megascale runtime, as MaxText and XPK use.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,9 +122,7 @@ def resolve_slice(accelerator_type: str, zone: str, version: str | None = None,
   return Slice(accelerator_type, zone, version or gen.version, hosts)
 
 
-def _gcloud(verb: str, args: argparse.Namespace, *rest: str) -> list[str]:
-  project = [f"--project={args.project}"] if args.project else []
-  return ["gcloud", "compute", "tpus", "tpu-vm", verb, *rest, f"--zone={args.zone}", *project]
+_gcloud = common.tpu_vm_command
 
 
 def _ssh(args: argparse.Namespace, workers: list[str], command: str) -> list[str]:
@@ -142,9 +153,11 @@ def setup_commands(args: argparse.Namespace, tpu: Slice) -> list[list[str]]:
   ]
 
 
-def run_commands(args: argparse.Namespace, tpu: Slice) -> list[list[str]]:
+def run_commands(args: argparse.Namespace, tpu: Slice,
+                 env: dict[str, str] | None = None) -> list[list[str]]:
   """Copies a config file of the user's to every worker (a shipped config is installed there
-  already) and starts the job there, detached, logging to LOG."""
+  already) and starts the job there, detached, logging to LOG, with `env` set; its exit
+  status goes to EXIT."""
   config, arg = common.check_config(args.config)
   if tpu.hosts != 1 and not args.workdir.startswith("gs://"):
     raise LaunchError(
@@ -152,10 +165,13 @@ def run_commands(args: argparse.Namespace, tpu: Slice) -> list[list[str]]:
         "must go to a bucket: give --workdir gs://BUCKET/PATH.")
   distributed = [] if tpu.hosts == 1 else ["--distributed"]
   spec = args.config if config is None else f"run_configs/{config.name}{arg}"
-  train = [".venv/bin/python", "-m", "vit_jax.tools.train", "--config", spec,
-           "--workdir", args.workdir, *distributed, *args.overrides]
-  log = LOG.removeprefix(f"{REMOTE_DIR}/")
-  start = (f"cd {REMOTE_DIR} && setsid nohup {shlex.join(train)} > {log} 2>&1 < /dev/null &")
+  train = [*(["env", *(f"{k}={v}" for k, v in env.items())] if env else []), ".venv/bin/python",
+           "-m", "vit_jax.tools.train", "--config", spec, "--workdir", args.workdir,
+           *distributed, *args.overrides]
+  log, status = (p.removeprefix(f"{REMOTE_DIR}/") for p in (LOG, EXIT))
+  script = shlex.quote(f"{shlex.join(train)}; echo $? > {status}")
+  start = (f"cd {REMOTE_DIR} && rm -f {status} && setsid nohup sh -c {script} > {log} 2>&1 "
+           "< /dev/null &")
   copy = [] if config is None else [
       _gcloud("scp", args, str(config), f"{args.name}:{REMOTE_DIR}/run_configs/",
               *tpu.worker_flags)]
@@ -192,6 +208,8 @@ def logs_commands(args: argparse.Namespace) -> list[list[str]]:
 
 
 def delete_commands(args: argparse.Namespace) -> list[list[str]]:
+  if args.queued:
+    return [queued.delete_command(args)]
   return [_gcloud("delete", args, args.name, "--quiet")]
 
 
@@ -202,26 +220,134 @@ def _check_zone(zone: str, allow_unlisted: bool) -> None:
                       "If that changed, pass --allow-unlisted.")
 
 
+def _node(args: argparse.Namespace, name: str) -> argparse.Namespace:
+  return argparse.Namespace(**{**vars(args), "name": name})
+
+
+def _multislice_env(args: argparse.Namespace, slice_id: int, coordinator: str) -> dict[str, str]:
+  """What JAX (libtpu's megascale runtime) needs to join slices over the data-center network:
+  the coordinator is slice 0's worker 0."""
+  return {"MEGASCALE_COORDINATOR_ADDRESS": coordinator, "MEGASCALE_PORT": MEGASCALE_PORT,
+          "MEGASCALE_NUM_SLICES": str(args.num_slices), "MEGASCALE_SLICE_ID": str(slice_id)}
+
+
+def coordinator_command(args: argparse.Namespace) -> list[str]:
+  return _gcloud("describe", args, queued.node_names(args)[0],
+                 "--format=value(networkEndpoints[0].ipAddress)")
+
+
+def start_commands(args: argparse.Namespace, tpu: Slice, setup: bool,
+                   coordinator: str | None = None) -> list[list[str]]:
+  """Setup (if asked) and the run on every node of a queued resource: with --num-slices, each
+  slice with its multislice environment."""
+  commands = []
+  for i, name in enumerate(queued.node_names(args)):
+    node = _node(args, name)
+    env = _multislice_env(args, i, coordinator) if args.num_slices > 1 else None
+    commands += (setup_commands(node, tpu) if setup else []) + run_commands(node, tpu, env)
+  return commands
+
+
+def _queued_job(args: argparse.Namespace, tpu: Slice) -> recover.Job:
+  def start() -> None:
+    if args.command == "create":
+      return
+    coordinator = None
+    if args.num_slices > 1:
+      print("+ " + shlex.join(coordinator_command(args)), flush=True)
+      coordinator = subprocess.run(coordinator_command(args), check=True, capture_output=True,
+                                   text=True).stdout.strip()
+    common.execute(start_commands(args, tpu, True, coordinator), dry_run=False)
+
+  status = f"cat {EXIT} 2>/dev/null || true"
+  return recover.Job(
+      args, start, lambda node: _gcloud("describe", args, node, "--format=json"),
+      lambda node: _gcloud("ssh", args, node, *tpu.worker_flags, "--command", status),
+      args.poll_seconds)
+
+
+def _queued_dry_run(args: argparse.Namespace, tpu: Slice, job: recover.Job) -> None:
+  """Every gcloud command the launch may run, in order: request, wait, start; with --recover,
+  the checks of each poll and the deletion before a new request."""
+  commands = [] if args.command == "watch" else [
+      queued.create_command(args, tpu.accelerator_type, tpu.version), queued.describe_command(args)]
+  if args.command != "create":
+    coordinator = None
+    if args.num_slices > 1:
+      commands.append(coordinator_command(args))
+      coordinator = f"IP_OF_{queued.node_names(args)[0]}_WORKER_0"  # Found once active.
+    commands += start_commands(args, tpu, True, coordinator)
+  if getattr(args, "recover", False):
+    nodes = queued.node_names(args)
+    commands += [queued.describe_command(args), *map(job.node_command, nodes),
+                 *map(job.exit_command, nodes), queued.delete_command(args)]
+  common.execute(commands, dry_run=True)
+
+
+def handle_queued(args: argparse.Namespace, tpu: Slice) -> int:
+  """create / up / watch through a queued resource."""
+  args.version = tpu.version
+  job = _queued_job(args, tpu)
+  if args.dry_run:
+    _queued_dry_run(args, tpu, job)
+    return 0
+  if args.recover:
+    return recover.follow(job, request_first=args.command != "watch")
+  state = queued.describe(args)
+  if state.name != "NOT_FOUND":
+    raise LaunchError(f"queued resource {args.name} exists already ({state}): follow its job "
+                      "with `watch` (the same flags as `up`), or delete it first with "
+                      "`delete --queued`.")
+  try:
+    recover.request(job, "the first request")
+  except KeyboardInterrupt:
+    return recover.left_as_is(args)
+  if args.command == "up":
+    print(f"Started. Follow it: python launch/tpu_vm.py logs --name "
+          f"{queued.node_names(args)[0]} --zone {args.zone}")
+  return 0
+
+
+def _check_flags(args: argparse.Namespace, tpu: Slice) -> None:
+  """--queued's flags: refused without it, and checked against the slice."""
+  if getattr(args, "queued", False):
+    queued.check(args, args.accelerator_type.rsplit("-", 1)[0])
+    return
+  needs = [f for f in ("reserved", "best_effort", "valid_until_duration", "recover")
+           if getattr(args, f, None)] + (["num_slices"] if getattr(args, "num_slices", 1) > 1 else [])
+  if needs:
+    flag = "--" + needs[0].replace("_", "-")
+    raise LaunchError(f"{flag} asks for a queued resource: add --queued.")
+
+
 def handle(args: argparse.Namespace) -> int:
   if args.command in ("logs", "delete"):
     _check_zone(args.zone, args.allow_unlisted)
     commands = logs_commands(args) if args.command == "logs" else delete_commands(args)
   else:
     tpu = resolve_slice(args.accelerator_type, args.zone, args.version, args.allow_unlisted)
+    _check_flags(args, tpu)
     # The run's commands first: building them checks the config and workdir.
-    run = run_commands(args, tpu) if args.command in ("run", "up") else []
-    if run and not args.no_preflight:
+    run = run_commands(args, tpu) if args.command in ("run", "up", "watch") else []
+    if run and not args.no_preflight and args.command != "watch":
       preflight(args)
+    if getattr(args, "queued", False):
+      _check_gcloud(args)
+      return handle_queued(args, tpu)
     create = create_commands(args, tpu) if args.command in ("create", "up") else []
     setup = setup_commands(args, tpu) if args.command in ("setup", "up") else []
     commands = create + setup + run
-  if not args.dry_run and not shutil.which("gcloud"):
-    raise LaunchError("gcloud is not installed: see cloud.google.com/sdk/docs/install "
-                      "(or look at the commands with --dry-run).")
+  _check_gcloud(args)
   common.execute(commands, args.dry_run)
   if args.command in ("run", "up") and not args.dry_run:
     print(f"Started. Follow it: python launch/tpu_vm.py logs --name {args.name} --zone {args.zone}")
   return 0
+
+
+def _check_gcloud(args: argparse.Namespace) -> None:
+  if not args.dry_run and not shutil.which("gcloud"):
+    raise LaunchError("gcloud is not installed: see cloud.google.com/sdk/docs/install "
+                      "(or look at the commands with --dry-run).")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -236,7 +362,9 @@ def parser() -> argparse.ArgumentParser:
   helps = {"up": "create + setup + run", "create": "create the TPU VM",
            "setup": "copy and install this project on every worker",
            "run": "run a config on every worker", "logs": "follow a worker's log",
-           "delete": "delete the TPU VM"}
+           "delete": "delete the TPU VM (--queued: the queued resource and its nodes)",
+           "watch": "follow a job started by `up --queued`, bringing it back as --recover "
+                    "does (the same flags as that `up`)"}
   for name, help_ in helps.items():
     s = sub.add_parser(name, help=help_)
     s.add_argument("--name", required=True, help="TPU VM name")
@@ -249,14 +377,17 @@ def parser() -> argparse.ArgumentParser:
       if name == "logs":
         s.add_argument("--worker", default="0", help="worker index (or 'all')")
         s.add_argument("--lines", type=int, default=100, help="lines of history to show")
+      else:
+        s.add_argument("--queued", action="store_true",
+                       help="delete the queued resource --name and its nodes")
       continue
     s.add_argument("--accelerator-type", required=True, help="e.g. v4-8, v4-32, v6e-16")
     s.add_argument("--version", help="TPU software version (default: the one for the type)")
-    if name in ("create", "up"):
-      s.add_argument("--spot", action="store_true", help="a Spot (preemptible) TPU VM")
-    if name in ("setup", "up"):
+    if name in ("create", "up", "watch"):
+      _add_capacity_flags(s, name)
+    if name in ("setup", "up", "watch"):
       s.add_argument("--python", default="3.12", help="Python version of the workers' venv")
-    if name in ("run", "up"):
+    if name in ("run", "up", "watch"):
       s.add_argument("--config", required=True,
                      help="a config of vit_jax by name (pretrain:b16,i1k) or a file, path.py[:arg]")
       s.add_argument("--workdir", required=True, help="gs://BUCKET/PATH (any path on one host)")
@@ -266,6 +397,35 @@ def parser() -> argparse.ArgumentParser:
                      "(vit-train --compile_only, which needs libtpu installed here)")
       common.add_overrides(s)
   return p
+
+
+def _add_capacity_flags(s: argparse.ArgumentParser, name: str) -> None:
+  """How the slice is obtained (create, up, watch) and, for up and watch, followed."""
+  if name == "watch":
+    s.set_defaults(queued=True, recover=True)
+  else:
+    s.add_argument("--queued", action="store_true",
+                   help="through a queued resource: waits for the capacity, then goes on")
+  tiers = s.add_mutually_exclusive_group()
+  tiers.add_argument("--spot", action="store_true", help="Spot (preemptible) capacity")
+  tiers.add_argument("--reserved", action="store_true",
+                     help="with --queued: from your project's reservation")
+  tiers.add_argument("--best-effort", dest="best_effort", action="store_true",
+                     help="with --queued: the best-effort tier (gcloud alpha)")
+  s.add_argument("--valid-until-duration", help="with --queued: give up on the request if not "
+                 "filled within this long, e.g. 6h")
+  s.add_argument("--num-slices", type=int, default=1,
+                 help="with --queued: slices of --accelerator-type, joined over the data-center "
+                 "network (multislice); their nodes are NAME-0, NAME-1, ...")
+  if name == "up":
+    s.add_argument("--recover", action="store_true",
+                   help="with --queued: follow the job to its end, asking for the slice again "
+                   "and resuming the run whenever it stops short")
+  if name in ("up", "watch"):
+    s.add_argument("--max-restarts", type=int, default=20,
+                   help="with --recover: restarts before giving up (default: %(default)s)")
+    s.add_argument("--poll-seconds", type=float, default=60.0,
+                   help="seconds between checks of the slice and the job (default: %(default)s)")
 
 
 if __name__ == "__main__":

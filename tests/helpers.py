@@ -99,6 +99,20 @@ def launch(script: str, *args: str, env: dict | None = None, timeout: int = 60):
                         env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def scripted_gcloud(root: pathlib.Path) -> tuple[dict[str, str], pathlib.Path]:
+  """tests/fake_gcloud.py first on PATH, playing the history written to ROOT/gcloud/
+  history.json: (the environment of a launch, that folder)."""
+  folder = root / "gcloud"
+  script = folder / "bin" / "gcloud"
+  script.parent.mkdir(parents=True)
+  fake = REPO / "tests" / "fake_gcloud.py"
+  script.write_text(f'#!/bin/sh\nexec {sys.executable} -S {fake} "$@"\n')  # -S: stdlib only.
+  script.chmod(0o755)
+  env = cpu_env() | {"PATH": f"{script.parent}:{os.environ['PATH']}",
+                     "FAKE_GCLOUD_DIR": str(folder), "FAKE_GCLOUD_PYTHON": sys.executable}
+  return env, folder
+
+
 def run_notebook(path, monkeypatch, **params: str):
   """Executes a notebook top to bottom with VIT_* parameters in its environment."""
   import nbformat

@@ -1,13 +1,15 @@
 """launch/: the commands printed for Cloud TPU VMs and GPU clusters, refusals before anything
 is created, and processes and jobs run to their first failure (a real two-process training job
 on localhost: test_e2e_distributed.py)."""
+import json
 import shlex
+import signal
 import subprocess
 import sys
 
 import pytest
 
-from helpers import REPO, TINY_CONFIG, cpu_env, launch
+from helpers import REPO, TINY_CONFIG, cpu_env, launch, scripted_gcloud
 from launch import tpu_vm
 
 
@@ -41,7 +43,9 @@ def remote_train(run: list[str]) -> list[str]:
   """The `vit-train` command line that `run` starts on the workers."""
   remote = shlex.split(flag(run, "--command"))
   assert remote[:2] == ["cd", "vit_jax"]
-  return remote[remote.index(".venv/bin/python"):remote.index(">")]
+  train, keep = remote[remote.index("-c") + 1].rsplit("; ", 1)  # The run, its status kept.
+  assert keep == "echo $? > logs/train.exit"
+  return shlex.split(train)
 
 
 def test_single_host_tpu():
@@ -253,3 +257,135 @@ def test_an_unreachable_host_is_refused_before_any_job_starts(tmp_path):
       "error: --launch hosts: --hosts: cannot reach gpu0.invalid over ssh (")
   assert line.endswith("nothing was started.") and "[launch]" not in r.stdout
   assert not out_dir.exists()
+
+
+# Queued resources, against tests/fake_gcloud.py's scripted histories (no training here: the
+# recovery of a real run is test_e2e_recovery.py's).
+
+QUEUED = ["--name", "vit", "--zone", "us-west4-a", "--accelerator-type", "v5litepod-16",
+          "--no-preflight"]
+RUN = ["--config", "quickstart", "--workdir", "gs://bucket/run"]
+
+
+def test_queued_up_with_recovery_prints_every_command_it_may_run():
+  create, wait, *start, poll_qr, poll_node, poll_job, delete = dry_run(
+      "tpu_vm.py", "up", "--queued", "--spot", "--recover", "--valid-until-duration", "6h",
+      *QUEUED, *RUN)
+  assert create == ["gcloud", "compute", "tpus", "queued-resources", "create", "vit",
+                    "--node-id=vit", "--accelerator-type=v5litepod-16",
+                    "--runtime-version=v2-alpha-tpuv5-lite", "--spot",
+                    "--valid-until-duration=6h", "--zone=us-west4-a"]
+  assert wait == poll_qr == ["gcloud", "compute", "tpus", "queued-resources", "describe", "vit",
+                             "--format=json", "--zone=us-west4-a"]
+  assert [c[4] for c in start] == ["ssh", "scp", "ssh", "ssh"]  # mkdir, copy, install, run.
+  assert remote_train(start[-1])[3:] == ["--config", "quickstart", "--workdir", "gs://bucket/run",
+                                         "--distributed"]
+  assert poll_node[4:6] == ["describe", "vit"] and flag(poll_job, "--command") == (
+      "cat vit_jax/logs/train.exit 2>/dev/null || true")
+  assert delete == ["gcloud", "compute", "tpus", "queued-resources", "delete", "vit", "--force",
+                    "--quiet", "--zone=us-west4-a"]
+
+
+def test_multislice_asks_for_one_queued_resource_and_joins_its_slices():
+  create, _, coordinator, *start = dry_run(
+      "tpu_vm.py", "up", "--queued", "--best-effort", "--num-slices", "2", *QUEUED, *RUN)
+  assert create[:6] == ["gcloud", "alpha", "compute", "tpus", "queued-resources", "create"]
+  assert "--node-count=2" in create and "--node-prefix=vit" in create
+  assert "--best-effort" in create
+  assert coordinator[4:6] == ["describe", "vit-0"]
+  runs = [c for c in start if "--command" in c and "vit_jax.tools.train" in flag(c, "--command")]
+  assert [c[5] for c in runs] == ["vit-0", "vit-1"]
+  for slice_id, run in enumerate(runs):
+    env = remote_train(run)
+    assert env[:5] == ["env", "MEGASCALE_COORDINATOR_ADDRESS=IP_OF_vit-0_WORKER_0",
+                       "MEGASCALE_PORT=8080", "MEGASCALE_NUM_SLICES=2",
+                       f"MEGASCALE_SLICE_ID={slice_id}"]
+
+
+def test_queued_delete_takes_the_nodes_with_it():
+  (delete,) = dry_run("tpu_vm.py", "delete", "--queued", "--name", "vit", "--zone", "us-west4-a")
+  assert delete[3:7] == ["queued-resources", "delete", "vit", "--force"]
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--queued", "--accelerator-type=v3-8", "--zone=us-central1-a"],
+     "queued resources serve v4, v5litepod, v5p, v6e slices, not v3"),
+    (["--reserved"], "--reserved asks for a queued resource: add --queued"),
+    (["--num-slices", "2"], "--num-slices asks for a queued resource: add --queued"),
+    (["--queued", "--valid-until-duration", "6 hours"], "expected a duration such as 30m"),
+    (["--queued", "--spot", "--reserved"], "not allowed with argument --spot"),
+])
+def test_requests_the_tpu_service_would_refuse_stop_before_any_gcloud_command(
+    fake_gcloud, flags, message):
+  env, log = fake_gcloud
+  result = launch("tpu_vm.py", "up", *QUEUED, *RUN, *flags, env=env)  # The last flag given wins.
+  assert result.returncode == 2 and message in result.stderr, result.stderr
+  assert not log.exists()
+
+
+def _queued_up(tmp_path, history, *extra, python: str | None = None):
+  """`up --queued` against a scripted history; (result, the gcloud calls)."""
+  env, folder = scripted_gcloud(tmp_path)
+  (folder / "history.json").write_text(json.dumps(history))
+  if python:
+    env["FAKE_GCLOUD_PYTHON"] = python
+  result = launch("tpu_vm.py", "up", "--queued", "--poll-seconds", "0.05", *QUEUED,
+                  "--accelerator-type", "v5litepod-8", "--config", "quickstart", "--workdir",
+                  str(tmp_path / "run"), *extra, env=env)
+  return result, (folder / "gcloud.log").read_text().splitlines()
+
+
+@pytest.mark.parametrize("states,error,why", [
+    (["WAITING_FOR_RESOURCES", "FAILED"], "Quota 'TPUV5sLitepodPerProjectPerZone' exceeded",
+     "change what the reason names (--accelerator-type v5litepod-8, --zone us-west4-a, the "
+     "tier or quota) and run again"),
+    (["WAITING_FOR_RESOURCES"] * 3 + ["FAILED"], "not provisioned before its valid until time",
+     "the capacity did not come within --valid-until-duration: give it longer, another zone, "
+     "or another tier"),
+])
+def test_a_queued_resource_that_fails_ends_with_one_line_naming_why(tmp_path, states, error, why):
+  result, calls = _queued_up(tmp_path, [{"states": states, "error": error}],
+                             "--valid-until-duration", "1h")
+  assert result.returncode == 1
+  [line] = result.stderr.splitlines()
+  assert line.startswith(f"error: queued resource vit is FAILED ({error}) after ")
+  assert why in line
+  assert "queued resource vit: WAITING_FOR_RESOURCES, after 0s" in result.stdout
+  assert not any("tpu-vm" in c for c in calls)  # Nothing set up on a slice it never had.
+
+
+def test_a_job_that_fails_the_same_way_twice_is_a_bug_not_capacity(tmp_path):
+  """The job (a stand-in that exits 3 at once) fails on a fresh slice, and again on the next:
+  no progress, so the launcher stops, exit 1, instead of asking for capacity for ever."""
+  crash = tmp_path / "crash"
+  crash.write_text("#!/bin/sh\nexit 3\n")
+  crash.chmod(0o755)
+  result, calls = _queued_up(tmp_path, [{"states": ["ACTIVE"]}] * 3, "--recover",
+                             python=str(crash))
+  assert result.returncode == 1, result.stderr
+  assert result.stdout.count("exited with status 3 at about step 0") == 2
+  [line] = result.stderr.splitlines()
+  assert line.startswith("error: the job exited with status 3 twice in a row without progress "
+                         "past step 0: a failure of the run, not of capacity")
+  assert sum("queued-resources create" in c for c in calls) == 2
+  more, _ = _queued_up(tmp_path / "again", [{"states": ["ACTIVE"]}] * 3, "--recover",
+                       "--max-restarts", "0", python=str(crash))
+  assert more.returncode == 1 and "gave up after 0 restarts (--max-restarts)" in more.stderr
+
+
+def test_ctrl_c_leaves_the_queued_resource_as_it_is(tmp_path):
+  env, folder = scripted_gcloud(tmp_path)
+  (folder / "history.json").write_text(json.dumps([{"states": ["WAITING_FOR_RESOURCES"]}]))
+  p = subprocess.Popen([sys.executable, str(REPO / "launch" / "tpu_vm.py"), "up", "--queued",
+                        "--recover", "--poll-seconds", "0.05", *QUEUED, "--accelerator-type",
+                        "v5litepod-8", "--config", "quickstart", "--workdir",
+                        str(tmp_path / "run")], env=env,
+                       stdout=subprocess.PIPE, text=True)
+  for line in p.stdout:
+    if "WAITING_FOR_RESOURCES" in line:
+      p.send_signal(signal.SIGINT)
+      break
+  rest = p.stdout.read()
+  assert p.wait(timeout=60) == 130
+  assert "stopped following: queued resource vit and its job are left as they are" in rest
+  assert not any("delete" in c for c in (folder / "gcloud.log").read_text().splitlines())

@@ -1,0 +1,138 @@
+"""Cloud TPU queued resources: the request for a slice (or several, multislice) that the TPU
+service fills when it has the capacity, in a tier (Spot, reserved, best-effort), and what
+becomes of it: WAITING_FOR_RESOURCES, PROVISIONING, ACTIVE, FAILED (with its reason), and
+SUSPENDING / SUSPENDED once its nodes are taken away (a Spot slice's preemption).
+
+The queued resource is named as the TPU VM (--name); its node is too, or, for --num-slices N,
+its nodes are NAME-0 ... NAME-(N-1).
+"""
+import argparse
+import dataclasses
+import json
+import re
+import subprocess
+import time
+from typing import Callable
+
+from launch import common
+from vit_jax import goodput
+
+# The generations queued resources serve (cloud.google.com/tpu/docs/queued-resources).
+QUEUEABLE = ("v4", "v5litepod", "v5p", "v6e")
+TIERS = {"spot": "--spot", "reserved": "--reserved", "best_effort": "--best-effort"}
+WAITING = ("CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING")
+# How often the wait for capacity says it still waits, besides each change of state.
+STILL_WAITING_S = 15 * 60
+
+
+class CapacityError(common.Failed):
+  """The queued resource failed, or was taken away before it became active: exit status 1."""
+
+
+def tier(args: argparse.Namespace) -> str | None:
+  return next((t for t in TIERS if getattr(args, t, False)), None)
+
+
+def check(args: argparse.Namespace, generation: str) -> None:
+  """Refuses, before anything is created, a request the TPU service would refuse."""
+  if generation not in QUEUEABLE:
+    raise common.LaunchError(
+        f"--accelerator-type {args.accelerator_type}: queued resources serve "
+        f"{', '.join(QUEUEABLE)} slices, not {generation}; drop --queued (a TPU VM created "
+        "at once) or choose one of those.")
+  if args.valid_until_duration and not re.fullmatch(r"(\d+[smhd])+", args.valid_until_duration):
+    raise common.LaunchError(
+        f"--valid-until-duration {args.valid_until_duration!r}: expected a duration such as "
+        "30m, 6h or 2d.")
+  if args.num_slices < 1:
+    raise common.LaunchError(f"--num-slices {args.num_slices}: give 1 or more.")
+
+
+def _gcloud(verb: str, args: argparse.Namespace, *rest: str, alpha: bool = False) -> list[str]:
+  project = [f"--project={args.project}"] if args.project else []
+  return ["gcloud", *(["alpha"] if alpha else []), "compute", "tpus", "queued-resources", verb,
+          *rest, f"--zone={args.zone}", *project]
+
+
+def node_names(args: argparse.Namespace) -> list[str]:
+  slices = getattr(args, "num_slices", 1)
+  return [args.name] if slices == 1 else [f"{args.name}-{i}" for i in range(slices)]
+
+
+def create_command(args: argparse.Namespace, accelerator_type: str, version: str) -> list[str]:
+  nodes = ([f"--node-id={args.name}"] if args.num_slices == 1 else
+           [f"--node-count={args.num_slices}", f"--node-prefix={args.name}"])
+  chosen = tier(args)
+  flags = [TIERS[chosen]] if chosen else []
+  if args.valid_until_duration:
+    flags.append(f"--valid-until-duration={args.valid_until_duration}")
+  # The best-effort tier is in gcloud's alpha commands only.
+  return _gcloud("create", args, args.name, *nodes, f"--accelerator-type={accelerator_type}",
+                 f"--runtime-version={version}", *flags, alpha=chosen == "best_effort")
+
+
+def describe_command(args: argparse.Namespace) -> list[str]:
+  return _gcloud("describe", args, args.name, "--format=json")
+
+
+def delete_command(args: argparse.Namespace) -> list[str]:
+  """Deletes the queued resource and, --force, its nodes first."""
+  return _gcloud("delete", args, args.name, "--force", "--quiet")
+
+
+@dataclasses.dataclass(frozen=True)
+class State:
+  name: str  # The service's state, or NOT_FOUND.
+  reason: str = ""  # Why it failed, or who suspended it.
+
+  def __str__(self) -> str:
+    return f"{self.name} ({self.reason})" if self.reason else self.name
+
+
+def parse_state(text: str) -> State:
+  """The state of `describe --format=json`'s output."""
+  state = json.loads(text).get("state", {})
+  name = state.get("state", "STATE_UNSPECIFIED")
+  if name == "FAILED":
+    error = state.get("failedData", {}).get("error", {})
+    return State(name, error.get("message", "no reason given"))
+  if name in ("SUSPENDING", "SUSPENDED"):
+    by = state.get("stateInitiator", "")
+    return State(name, {"SERVICE": "by the TPU service", "USER": "by a user"}.get(by, ""))
+  return State(name)
+
+
+def describe(args: argparse.Namespace) -> State:
+  """The queued resource's state now; NOT_FOUND where there is none."""
+  p = subprocess.run(describe_command(args), capture_output=True, text=True)
+  if p.returncode:
+    if re.search(r"NOT_FOUND|not found", p.stderr):
+      return State("NOT_FOUND")
+    raise subprocess.CalledProcessError(p.returncode, p.args, p.stdout, p.stderr)
+  return parse_state(p.stdout)
+
+
+def advice(args: argparse.Namespace, state: State) -> str:
+  """What to change after a queued resource failed."""
+  if "valid" in state.reason.lower() or "expired" in state.reason.lower():
+    return ("the capacity did not come within --valid-until-duration: give it longer, "
+            "another zone, or another tier (--reserved with a reservation)")
+  return (f"change what the reason names (--accelerator-type {args.accelerator_type}, "
+          f"--zone {args.zone}, the tier or quota) and run again")
+
+
+def wait_active(args: argparse.Namespace, say: Callable[[str], None], poll_s: float) -> None:
+  """Waits for ACTIVE, saying each state it passes; CapacityError where it fails."""
+  start, shown, told = time.time(), None, 0.0
+  while True:
+    state = describe(args)
+    waited = goodput.duration(time.time() - start)
+    if state != shown or time.time() - told >= STILL_WAITING_S:
+      say(f"queued resource {args.name}: {state}, after {waited}")
+      shown, told = state, time.time()
+    if state.name == "ACTIVE":
+      return
+    if state.name not in WAITING:
+      raise CapacityError(f"queued resource {args.name} is {state} after {waited}: "
+                          f"{advice(args, state)}.")
+    time.sleep(poll_s)

@@ -1,0 +1,188 @@
+"""Follows a job on queued-resource TPU slices until its workdir says it finished, and brings it
+back when it stops short: a slice preempted, deleted, under maintenance or unhealthy, or the
+job's process gone without finishing. Then it deletes the queued resource, asks for the same one
+again, sets the slices up and reruns the same command, which resumes from the last step saved
+in the workdir.
+
+It gives up on a job that fails the same way twice in a row without progress (a bug, not
+capacity: exit status 1), after --max-restarts restarts, and on Ctrl-C, which leaves the slices
+and their job as they are. Each event is one line with its time. The workdir's goodput.json
+(vit_jax/goodput.py) tells the job's progress, and records each wait for capacity.
+"""
+import argparse
+import dataclasses
+import json
+import re
+import subprocess
+import time
+from typing import Callable
+
+from launch import common, queued
+from vit_jax import goodput
+
+_NODE_GONE = ("PREEMPTED", "TERMINATED", "STOPPING", "STOPPED", "DELETING", "DELETED",
+              "REPAIRING", "RESTARTING")
+_HEALTHY = (None, "", "HEALTHY", "HEALTH_UNSPECIFIED")
+
+
+def say(message: str) -> None:
+  print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {message}", flush=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """What following a job needs of the launcher (launch/tpu_vm.py)."""
+  args: argparse.Namespace  # --name, --zone, --project, --workdir, --num-slices and the spec.
+  start: Callable[[], None]  # Sets up every node and starts the run on it.
+  node_command: Callable[[str], list[str]]  # A node's description as JSON.
+  exit_command: Callable[[str], list[str]]  # Prints the run's exit status once it ended.
+  poll_s: float = 60.0
+
+
+def _node_trouble(job: Job, node: str) -> str | None:
+  p = subprocess.run(job.node_command(node), capture_output=True, text=True)
+  if p.returncode:
+    if re.search(r"NOT_FOUND|not found", p.stderr):
+      return f"deleted (node {node} is gone)"
+    raise subprocess.CalledProcessError(p.returncode, p.args, p.stdout, p.stderr)
+  d = json.loads(p.stdout)
+  state, health = d.get("state"), d.get("health")
+  maintenance = d.get("upcomingMaintenance", {}).get("maintenanceStatus") == "ONGOING"
+  if state == "PREEMPTED":
+    return f"preempted (node {node})"
+  if state in _NODE_GONE:
+    return f"deleted (node {node} is {state})"
+  if maintenance or health == "UNHEALTHY_MAINTENANCE":
+    return f"under maintenance (node {node})"
+  if health not in _HEALTHY:
+    return f"unhealthy (node {node}: {health})"
+  return None
+
+
+def slice_trouble(job: Job) -> str | None:
+  """What keeps the slices from running the job, or None."""
+  state = queued.describe(job.args)
+  if state.name in ("SUSPENDING", "SUSPENDED"):
+    return f"preempted (queued resource {state})"
+  if state.name != "ACTIVE":
+    return f"deleted (queued resource {state})"
+  return next(filter(None, (_node_trouble(job, n) for n in queued.node_names(job.args))), None)
+
+
+def exit_status(job: Job) -> int | None:
+  """The job's exit status on the first node where it ended, or None while it runs."""
+  for node in queued.node_names(job.args):
+    out = subprocess.run(job.exit_command(node), capture_output=True, text=True).stdout
+    codes = [int(line) for line in out.split() if line.strip().isdigit()]
+    if codes:
+      return codes[0]
+  return None
+
+
+@dataclasses.dataclass
+class Progress:
+  """What the workdir's record says: attempts seen, the step reached, finished or not."""
+  attempts: int = 0
+  step: int = 0
+  finished: bool = False
+
+  @classmethod
+  def read(cls, workdir: str) -> "Progress":
+    attempts = goodput.read(workdir)["attempts"]
+    return cls(len(attempts), max((a["last_step"] for a in attempts), default=0),
+               bool(attempts) and attempts[-1]["outcome"] == "finished")
+
+
+def _announce(workdir: str, seen: int, before: Progress) -> int:
+  """Says each attempt that started since `seen`; returns the attempts seen now."""
+  attempts = goodput.read(workdir)["attempts"]
+  for a in attempts[seen:]:
+    k = a["start_step"]
+    again = f", {before.step - k} steps to do again" if before.step > k else ""
+    say(f"started at step {k}{again}" if k == 0 else f"resumed at step {k}{again}")
+  return len(attempts)
+
+
+def watch(job: Job, seen: int) -> tuple[str | None, int]:
+  """Polls until the job finished (None) or stopped short (why); and the attempts seen."""
+  workdir, before = job.args.workdir, Progress.read(job.args.workdir)
+  while True:
+    seen = _announce(workdir, seen, before)
+    if Progress.read(workdir).finished:
+      return None, seen
+    trouble = slice_trouble(job)
+    if trouble:
+      return trouble, seen
+    code = exit_status(job)
+    if code is not None:
+      if Progress.read(workdir).finished:
+        return None, _announce(workdir, seen, before)
+      return f"exited with status {code}", seen
+    time.sleep(job.poll_s)
+
+
+def request(job: Job, why: str) -> None:
+  """Deletes what is left of the queued resource, asks for it again, waits for it, records the
+  wait in the workdir and starts the job on it."""
+  args = job.args
+  if queued.describe(args).name != "NOT_FOUND":
+    common.execute([queued.delete_command(args)], dry_run=False)
+  requested = time.time()
+  common.execute([queued.create_command(args, args.accelerator_type, args.version)], False)
+  say(f"requested {args.accelerator_type}{_slices(args)} as queued resource {args.name}"
+      f" ({queued.tier(args) or 'on-demand'})")
+  queued.wait_active(args, say, job.poll_s)
+  say(f"active after {goodput.duration(time.time() - requested)}")
+  if getattr(args, "workdir", None):  # `create` has none, and starts nothing.
+    goodput.record_capacity(args.workdir, requested, time.time(), why)
+  job.start()
+
+
+def _slices(args: argparse.Namespace) -> str:
+  return f" x {args.num_slices} slices" if args.num_slices > 1 else ""
+
+
+def left_as_is(args: argparse.Namespace) -> int:
+  """After Ctrl-C: what is left, and how to follow it again or delete it; exit status 130."""
+  say(f"stopped following: queued resource {args.name} and its job are left as they are. "
+      f"Follow it again: python launch/tpu_vm.py watch (with `up`'s flags); delete it: "
+      f"python launch/tpu_vm.py delete --queued --name {args.name} --zone {args.zone}")
+  return 130
+
+
+def follow(job: Job, request_first: bool) -> int:
+  """Runs the job to its end through every restart it needs; the exit status."""
+  try:
+    return _follow(job, request_first)
+  except KeyboardInterrupt:
+    return left_as_is(job.args)
+
+
+def _follow(job: Job, request_first: bool) -> int:
+  restarts, last = 0, None
+  why = "the first request"
+  seen = Progress.read(job.args.workdir).attempts
+  while True:
+    if request_first or restarts:
+      request(job, why)
+    trouble, seen = watch(job, seen)
+    progress = Progress.read(job.args.workdir)
+    if trouble is None:
+      a = job.args
+      say(f"finished at step {progress.step}; the slice is still yours (and billed): python "
+          f"launch/tpu_vm.py delete --queued --name {a.name} --zone {a.zone}")
+      record = goodput.summarize(goodput.read(a.workdir))
+      print("\n".join(goodput.format_summary(record)), flush=True)
+      return 0
+    why = f"{trouble} at about step {progress.step}"
+    say(why)
+    if trouble.startswith("exited") and last == (trouble, progress.step):
+      raise common.Failed(f"the job {trouble} twice in a row without progress past step "
+                          f"{progress.step}: a failure of the run, not of capacity; read its "
+                          f"log: python launch/tpu_vm.py logs --name {queued.node_names(job.args)[0]}"
+                          f" --zone {job.args.zone}")
+    last = (trouble, progress.step)
+    restarts += 1
+    if restarts > job.args.max_restarts:
+      raise common.Failed(f"gave up after {job.args.max_restarts} restarts (--max-restarts); "
+                          f"the job stopped at step {progress.step}: {trouble}")
