@@ -2,10 +2,11 @@
 
 - "xla": softmax(QK^T / sqrt(d)) V as XLA ops, the logits and the softmax in float32. In
   float32 it is jax.nn.dot_product_attention's XLA path itself. With 16-bit inputs (our VJP,
-  `xla_attention`, whose float32 values are JAX's too) the softmax's numerators are cast to that dtype for the AV product and the rows
-  normalised after it (flash attention's order), and the backward pass keeps those 16-bit
-  numerators: one (batch, heads, tokens, tokens) bf16 tensor a block, where autodiff of the
-  float32 softmax keeps two float32 ones and a bf16 one (3x the HBM and most of the traffic).
+  `xla_attention`, whose float32 values are JAX's too) the softmax's numerators are cast to
+  that dtype for the AV product and the rows normalised after it (flash attention's order),
+  and the backward pass keeps those 16-bit numerators: one (batch, heads, tokens, tokens)
+  bf16 tensor a block, where autodiff of the float32 softmax keeps two float32 ones and a
+  bf16 one (3x the HBM and most of the traffic).
 - "cudnn": cuDNN's fused flash attention (NVIDIA GPU, 16-bit inputs).
 - "pallas": JAX's Pallas splash attention kernel for TPU: no (batch, heads, tokens, tokens)
   tensor in HBM at all; the backward pass recomputes the scores from each row's log-sum-exp.
@@ -150,7 +151,7 @@ def pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
   if mesh.empty:
     return _splash(q, k, v)
   if q.shape[0] % mesh.size:
-    return xla_attention(q, k, v)
+    return dot_product_attention(q, k, v, "xla")
   spec = jax.sharding.PartitionSpec(mesh.axis_names)  # The batch over every axis.
   return jax.shard_map(_splash, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec,
                        check_vma=False)(q, k, v)
@@ -180,13 +181,14 @@ def _splash(q, k, v, interpret: bool = False):
         fwd_info, q, k, v, None, None, save_residuals=True, **kw)
     out, (lse,) = jax.vmap(one)(q, k, v)
     # A barrier makes the unpadded output a buffer of its own (XLA would otherwise read the
-    # kernel's, keeping it), and one in the backward pass keeps the padding of it there.
+    # kernel's, keeping it), and one in the backward pass keeps the padding of it there (and
+    # the backward kernel's 8-fold broadcast of the log-sum-exp, 24 MiB a block for B/16).
     out = jax.lax.optimization_barrier(_unpadded(out, q_len))
     return out, (dkv_info, q, k, v, out, lse)
 
   def backward(residuals, d_out):
     dkv_info, q, k, v, out, lse = residuals
-    out, d_out = jax.lax.optimization_barrier((out, d_out))
+    out, d_out, lse = jax.lax.optimization_barrier((out, d_out, lse))
 
     def one(q, k, v, out, lse, d_out):
       grads = splash._splash_attention_bwd(
