@@ -47,10 +47,12 @@ def test_killed_run_resumes_to_the_same_losses(tmp_path, dataset, sig, flags):
   _, stderr = proc.communicate(timeout=120)
   # Saved, then a non-zero status (128 + the signal's number), so a scheduler restarts it.
   assert proc.returncode == 128 + sig, stderr[-3000:]
-  step = int(re.search(r"Stopped: saved step (\d+)", stderr)[1])
-  assert stderr.strip().splitlines()[-1] == (
-      f"stopped by {sig.name} after saving step {step} to {workdir}; rerun the same command to "
-      "resume"), stderr[-3000:]
+  # One line on the console for the stop (the log file has the rest).
+  last = [line for line in stderr.splitlines() if "stop" in line.lower()]
+  assert len(last) == 1, stderr[-3000:]
+  step = int(re.fullmatch(rf"stopped by {sig.name} after saving step (\d+) to {workdir}; rerun "
+                          "the same command to resume", last[0])[1])
+  assert stderr.strip().splitlines()[-1] == last[0], stderr[-3000:]
   full_log.close()  # The child writes to its own copy of the file.
   assert full.wait(timeout=600) == 0, (tmp_path / "full.log").read_text()[-3000:]
   expected = read_scalars(tmp_path / "full", "train_loss")

@@ -111,7 +111,7 @@ def test_a_second_vit_train_on_a_workdir_in_use_exits_2_and_writes_nothing(tmp_p
     if first.poll() is None:
       first.kill()
     first_err.close()
-  assert "Stopped: saved step" in (tmp_path / "first.stderr").read_text()
+  assert "stopped by SIGTERM after saving step" in (tmp_path / "first.stderr").read_text()
   assert not (workdir / "lock").exists()
 
 

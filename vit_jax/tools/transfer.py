@@ -17,7 +17,8 @@ hf-hub:google/vit-base-patch16-224-in21k, augreg:NAME, ema:RUN).
 Writes OUT_DIR/results.csv (one row per run: checkpoint, task, phase, rate, accuracy, wall
 time), results.md (test accuracy at the chosen rate; VTAB-1k group means) and results.png.
 A rerun skips the runs recorded there and resumes a run killed midway; a task that fails
-(e.g. data TFDS cannot download) is named and the others go on (exit status 1).
+(e.g. data TFDS cannot download) is named and the others go on (exit status 1). A folder of
+too few images for the protocol's splits is refused before any run.
 
 --launch slurm|hosts|tpu_vm -- FLAGS: one job per (checkpoint, task), each this command for
 that task alone, handed to launch/jobs.py of the repository with FLAGS (e.g. `--partition
@@ -29,6 +30,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import shlex
 import subprocess
 import sys
@@ -38,7 +40,7 @@ from etils import epath
 
 import vit_jax
 from vit_jax import cpu_backend
-from vit_jax.tools import cli
+from vit_jax.tools import cli, jobs
 
 if TYPE_CHECKING:  # The library is imported in main, after the CPU backend's set-up.
   from vit_jax.transfer import protocol
@@ -75,11 +77,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   return args
 
 
+def lr_grid(args: argparse.Namespace) -> tuple[float, ...] | None:
+  """--lr_grid's rates (None: the tasks'); ValueError unless each is a number above 0."""
+  if args.lr_grid is None:
+    return None
+  try:
+    grid = tuple(float(x) for x in args.lr_grid.split(","))
+  except ValueError:
+    grid = ()
+  if not (grid and all(lr > 0 for lr in grid)):
+    raise ValueError(f"--lr_grid={args.lr_grid}: give learning rates above 0, separated by "
+                     "commas (e.g. --lr_grid=0.001,0.01)")
+  return grid
+
+
 def settings_of(args: argparse.Namespace) -> "protocol.Settings":
   from vit_jax.transfer import protocol
-  grid = tuple(float(x) for x in args.lr_grid.split(",")) if args.lr_grid else None
   return protocol.Settings(args.image_size, args.batch_size, args.steps, args.warmup_steps,
-                           grid, args.data_dir, args.cpu_devices)
+                           lr_grid(args), args.data_dir, args.cpu_devices)
 
 
 def print_list(suite: str, fmt: str) -> None:
@@ -158,29 +173,51 @@ def launch(args: argparse.Namespace, task_names: list[str]) -> int:
   return done.returncode
 
 
-def check_folders(task_list: list) -> None:
-  """Refuses an image folder task whose class folders the protocol cannot use, before any run
-  (each run would fail alike), in vit-transfer's terms."""
+def check_folders(task_list: list, settings: "protocol.Settings") -> None:
+  """Refuses an image folder task that the protocol cannot run, before any run (each would fail
+  alike), in vit-transfer's terms: class folders that differ or are too few, or a split of
+  the protocol (the grid's minitrain and minival, train, test) that holds no image."""
   from vit_jax import data
   from vit_jax.data import sources
   from vit_jax.transfer import protocol
   for task in task_list:
     if task.suite == "custom" and sources.is_folder(task.tfds_name):
+      source = sources.FolderSource(task.tfds_name, "fail")
       try:
-        names = sources.FolderSource(task.tfds_name, "fail").class_names
+        names = source.class_names
+        if len(names) < 2:
+          cli.fail(f"--suite {task.tfds_name}: {len(names)} class folder(s) "
+                   f"({', '.join(names) or 'none'}): a classifier needs two or more")
+        selecting = len(protocol.lr_grid(task, settings)) > 1
+        for split in ([task.minitrain, task.minival] if selecting else []) + [task.train,
+                                                                             task.test]:
+          source.meta(split)
       except data.DataOptionError as e:
         cli.fail(e.worded(protocol.DATA_OPTIONS))
-      if len(names) < 2:
-        cli.fail(f"--suite {task.tfds_name}: {len(names)} class folder(s) "
-                 f"({', '.join(names) or 'none'}): a classifier needs two or more")
+      except ValueError as e:
+        fix = (" Give one rate (e.g. --lr_grid=0.01: no rate to choose, no minival split) or "
+               "a folder with more images." if selecting else "")
+        cli.fail(f"--suite {task.tfds_name}: the protocol's {e}{fix}")
+
+
+def owned(name: str) -> bool:
+  """Whether an entry of --out_dir is one a sweep writes: the report's files, a checkpoint's
+  folder of task runs (protocol.task_dir)."""
+  return name in ("results.csv", "results.md", "results.png") or bool(
+      re.fullmatch(r".+-[0-9a-f]{8}", name))
 
 
 @cli.command
 def main(argv: list[str]) -> int:
   args = parse_args(argv)
   cli.check_checkpoints(args.checkpoints)  # Before the library's imports: seconds.
+  cli.check_counts(args, dict(image_size=1, batch_size=1, steps=1, warmup_steps=0,
+                              cpu_devices=1))
+  lr_grid(args)
   if args.list is None and not args.dry_run and not args.launch:
     cli.check_output_dir("--out_dir", args.out_dir)
+    cli.check_owned("--out_dir", args.out_dir, owned,
+                    "results.csv, .md, .png and a folder per checkpoint")
   cli.route_logs(verbose=args.verbose)
   cpu_backend.prepare(args.cpu_devices)  # Before JAX starts.
   cli.start_tensorflow()
@@ -192,17 +229,17 @@ def main(argv: list[str]) -> int:
   if args.report_only:
     failures = report.write(args.out_dir)
   else:
+    settings = settings_of(args)
     task_list = tasks.resolve_or_custom(args.suite)
-    check_folders(task_list)
+    check_folders(task_list, settings)
     if args.launch:
       return launch(args, [t.name for t in task_list])
-    settings = settings_of(args)
     if args.dry_run:
       dry_run(args.checkpoints, task_list, settings, args.out_dir)
       return 0
     failures = sweep.run(args.checkpoints, task_list, settings, args.out_dir)
   print((epath.Path(args.out_dir) / "results.md").read_text(), end="")
-  return cli.FAILED if failures else 0
+  return jobs.finish({f"{c} on {t}": why for (c, t), why in failures.items()}, "tasks")
 
 
 def run() -> None:

@@ -57,8 +57,8 @@ class StopSignals:
   def _handle(self, signum: int, frame: Any) -> None:
     del frame
     if self.received is None:
-      logging.warning("%s received: saving a checkpoint and stopping.",
-                      signal.Signals(signum).name)
+      # The log's: the command tells the console once, in one line, when it has stopped.
+      logging.info("%s received: saving a checkpoint and stopping.", signal.Signals(signum).name)
       self.received = signum
 
   def reached(self, step: int) -> bool:
