@@ -45,9 +45,16 @@ def test_single_host_compile_reports_memory_flops_collectives_and_a_bound():
 
 @needs_libtpu
 def test_multislice_splits_data_over_the_slices():
-  r = compile_json("v5litepod-4", "--num_slices=2", *MEDIUM, "--config.mesh.fsdp=4")
+  """The run's multislice mesh: its data axis spans the slices (mesh.dcn_data, by default the
+  slices found; one that is not is refused), fsdp stays within each."""
+  r = compile_json("v5litepod-4", "--num_slices=2", *MEDIUM, "--config.mesh.fsdp=4",
+                   "--config.mesh.dcn_data=2")
   assert (r["chips"], r["hosts"], r["num_slices"]) == (8, 2, 2)
-  assert r["fits"] and r["mesh"] == {"data": 2, "fsdp": 4}
+  assert r["fits"] and r["mesh"] == {"data": 2, "fsdp": 4} and r["dcn_data"] == 2
+  refused = train_cli("--compile_only", "--topology", "v5litepod-4", "--num_slices=2",
+                      "--config.mesh.dcn_data=4")
+  assert refused.returncode == 2
+  assert "config.mesh: dcn_data=4 must be the 2 slices the devices span" in refused.stderr
 
 
 @needs_libtpu

@@ -52,7 +52,8 @@ def test_a_failing_process_fails_the_launch(tmp_path):
 def test_two_processes_started_by_the_launcher_train_to_the_end_as_one_does(tmp_path, dataset):
   """Two processes on localhost, started by launch/multihost.py, end with the losses of one
   process on as many devices. Two data shards in both runs: the global batches do not depend
-  on the process count."""
+  on the process count. The processes stand in for two slices (mesh.dcn_data=2: the
+  multislice mesh, whose data axis spans them, fsdp staying within each)."""
   shards = "--config.data.num_shards=2"
   one = run_cli(cli(tmp_path / "single", dataset, shards), devices=2)
   assert one.returncode == 0, one.stderr[-3000:]
@@ -61,7 +62,7 @@ def test_two_processes_started_by_the_launcher_train_to_the_end_as_one_does(tmp_
       "--config", TINY_CONFIG, "--workdir", str(tmp_path / "multi"), "--env",
       "JAX_PLATFORMS=cpu", "--env", "XLA_FLAGS=--xla_force_host_platform_device_count=1", "--",
       f"--config.data.name={dataset[0]}", f"--config.data.data_dir={dataset[1]}", shards,
-      timeout=600)
+      "--config.mesh.dcn_data=2", timeout=600)
   assert result.returncode == 0, result.stdout[-3000:]
   for i in range(2):
     assert f"[launch] process {i} exited with code 0" in result.stdout

@@ -419,6 +419,7 @@ def report(c: ml_collections.ConfigDict, topology: Topology, a: Attempt) -> dict
       accum_steps=cfg.accum_steps, micro_batch=a.micro_batch,
       per_chip_batch=a.micro_batch / topology.chips,
       mesh=dict(data=a.mesh[0], fsdp=a.mesh[1]), remat=bool(cfg.model.remat),
+      dcn_data=topology.num_slices,  # Of the data axis, across slices (mesh.dcn_data).
       attention=dict(asked=cfg.model.get("attention_impl") or "auto", took=a.attention),
       hbm_capacity_bytes=chip.hbm_bytes, peak_bf16_flops=chip.peak_bf16_flops,
       hbm_bytes_per_s=chip.hbm_bytes_per_s, chip_source=chip.source,
@@ -464,12 +465,14 @@ def _collective_line(name: str, s: dict[str, Any]) -> str:
 
 def _header(r: dict[str, Any]) -> list[str]:
   slices = f", {r['num_slices']} slices" if r["num_slices"] > 1 else ""
+  over = f" (over {r['dcn_data']} slices)" if r["dcn_data"] > 1 else ""
   hosts = f"{r['hosts']} host{'s' * (r['hosts'] > 1)}"
   return [f"{r['topology']} ({r['jax_topology']}{slices}): {r['chips']} chips "
           f"({r['device_kind']}), {hosts}",
           f"{r['model']} in {r['dtype']}, batch {r['batch_size']} (micro-batch "
           f"{r['micro_batch']}, {r['per_chip_batch']:g} per chip), mesh data="
-          f"{r['mesh']['data']} x fsdp={r['mesh']['fsdp']}, remat {'on' if r['remat'] else 'off'}",
+          f"{r['mesh']['data']}{over} x fsdp={r['mesh']['fsdp']}, "
+          f"remat {'on' if r['remat'] else 'off'}",
           _attention_line(r["attention"], r["device_kind"])]
 
 

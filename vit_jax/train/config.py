@@ -75,7 +75,7 @@ def base_config() -> ml_collections.ConfigDict:
   # `every_steps` (None: eval_every_steps) and at the end (at_end).
   c.evals = ml_collections.ConfigDict({evaluators.MAIN: evaluators.entry_config("classification")})
 
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, dcn_data=-1))  # sharding.make_mesh
   # How many XLA devices to split a CPU host into (None: JAX's default, one, or the count in
   # XLA_FLAGS), for data parallelism across processes' devices as on an accelerator pod.
   # Applied by vit-train before JAX starts (vit_jax/cpu_backend.py).

@@ -180,7 +180,7 @@ class RunSetup:
     if c.optimizer.frozen:  # Refused now (patterns that freeze all), before anything is written.
       optimizers.trained(_abstract_params(model, c.data.image_size), c.optimizer.frozen,
                          trained_only)
-    mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, devices)
+    mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, devices, c.mesh.dcn_data)
     # "auto" decided for the run's devices, not the host's (compile_check's are a TPU's).
     model = model.clone(attention_impl=attention.resolve(
         model.attention_impl, model.dtype, model.hidden_size // model.num_heads,

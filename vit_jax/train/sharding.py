@@ -9,8 +9,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 BATCH_AXES = ("data", "fsdp")
 
 
-def make_mesh(data: int = -1, fsdp: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
-  """A 2-D mesh over `devices` (default: all of JAX's); -1 takes what the other axis leaves."""
+def make_mesh(data: int = -1, fsdp: int = 1, devices: Sequence[Any] | None = None,
+              dcn_data: int = -1) -> Mesh:
+  """A 2-D mesh over `devices` (default: all of JAX's); -1 takes what the other axis leaves.
+
+  `dcn_data` of the data axis spans slices joined by the data-center network (multislice),
+  fsdp's gathers stay within one; -1: the slices the devices belong to (1 without multislice).
+  Where devices have no slices (CPU, GPU), each process stands in for one.
+  """
   n = len(devices) if devices is not None else jax.device_count()
   if data == -1:
     data = n // fsdp
@@ -20,16 +26,19 @@ def make_mesh(data: int = -1, fsdp: int = 1, devices: Sequence[Any] | None = Non
     raise ValueError(f"config.mesh: data={data} x fsdp={fsdp} must equal the {n} devices; "
                      "use -1 for one axis to take the rest.")
   axis_types = (jax.sharding.AxisType.Auto,) * 2
-  slices = len({getattr(d, "slice_index", 0) for d in devices or jax.devices()})
-  if slices == 1:
+  found = devices or jax.devices()
+  slices = len({getattr(d, "slice_index", 0) for d in found})
+  dcn_data = slices if dcn_data == -1 else dcn_data
+  if dcn_data == 1 and slices == 1:
     return jax.make_mesh((data, fsdp), ("data", "fsdp"), axis_types=axis_types, devices=devices)
-  # Several slices (multislice, joined by the data-center network): the data axis spans them,
-  # fsdp's gathers stay within a slice.
-  if data % slices:
-    raise ValueError(f"config.mesh: data={data} must be a multiple of the {slices} slices "
-                     "(fsdp stays within a slice).")
+  granules = slices if slices > 1 else len({d.process_index for d in found})
+  if dcn_data != granules or data % dcn_data:
+    raise ValueError(f"config.mesh: dcn_data={dcn_data} must be the {granules} "
+                     f"{'slices' if slices > 1 else 'processes'} the devices span, and divide "
+                     f"data={data} (fsdp stays within a slice); -1 takes the slices found.")
   from jax.experimental import mesh_utils
-  grid = mesh_utils.create_hybrid_device_mesh((data // slices, fsdp), (slices, 1), devices)
+  grid = mesh_utils.create_hybrid_device_mesh((data // dcn_data, fsdp), (dcn_data, 1), found,
+                                              process_is_granule=slices == 1)
   return Mesh(grid, ("data", "fsdp"), axis_types=axis_types)
 
 
