@@ -16,7 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from clu import metric_writers, periodic_actions
 
-from vit_jax import checkpoint, cpu_backend, data
+from vit_jax import checkpoint, cpu_backend, data, goodput
 from vit_jax.checkpoint import run
 from vit_jax.evaluators import registry as evaluators
 from vit_jax.train import run_setup, stop_signals, trainer, watchdog
@@ -198,7 +198,8 @@ def _run_steps(setup: run_setup.RunSetup, state: trainer.TrainState, start: int,
                batches: Any, scheduled: dict[str, evaluators.Scheduled],
                manager: ocp.CheckpointManager,
                writer: metric_writers.MetricWriter, dog: watchdog.StallWatchdog,
-               report: Report, stop: stop_signals.StopSignals) -> dict[str, float]:
+               report: Report, stop: stop_signals.StopSignals,
+               attempt: goodput.AttemptLog) -> dict[str, float]:
   c, meta, description = setup.config, setup.meta, setup.description
   progress = periodic_actions.ReportProgress(num_train_steps=setup.loop_steps, writer=writer,
                                              every_steps=c.log_every_steps)
@@ -217,10 +218,12 @@ def _run_steps(setup: run_setup.RunSetup, state: trainer.TrainState, start: int,
       eval_metrics |= _evaluate(due, state, step, writer, progress, report)
       log.restart_clock()
     stopping = stop.reached(step)
-    if step % c.checkpoint_every_steps == 0 or step == setup.loop_steps or stopping:
+    saving = step % c.checkpoint_every_steps == 0 or step == setup.loop_steps or stopping
+    if saving:
       log.check_finite()
       run.save(manager, step, state, meta, description)
       dog.beat()
+    attempt.step(step, saved=saving)
     if stopping and step < setup.loop_steps:
       manager.wait_until_finished()
       logging.info("Stopped: saved step %d to %s; rerun the same command to resume.", step,
@@ -289,16 +292,18 @@ def _train_and_evaluate(c: ml_collections.ConfigDict, workdir: str, report: Repo
       dog = watchdog.StallWatchdog(c.stall_timeout_s,
                                    functools.partial(_stall_message, setup, manager))
       scheduled = _build_evaluators(setup, dog)
-      if start >= setup.loop_steps:
-        logging.info("The run in %s is complete (step %d of %d); evaluating its last checkpoint.",
-                     workdir, start, setup.loop_steps)
+      with goodput.AttemptLog(workdir, start, setup.loop_steps,
+                              enabled=jax.process_index() == 0) as attempt:
+        if start >= setup.loop_steps:
+          logging.info("The run in %s is complete (step %d of %d); evaluating its last "
+                       "checkpoint.", workdir, start, setup.loop_steps)
+          with dog:
+            return _evaluate({n: e for n, e in scheduled.items() if e.at_end}, state, start,
+                             writer, periodic_actions.ReportProgress(writer=writer), report)
+        train_step, batches = _compiled_step(setup, state, shardings, dropout_rng, start)
         with dog:
-          return _evaluate({n: e for n, e in scheduled.items() if e.at_end}, state, start, writer,
-                           periodic_actions.ReportProgress(writer=writer), report)
-      train_step, batches = _compiled_step(setup, state, shardings, dropout_rng, start)
-      with dog:
-        return _run_steps(setup, state, start, train_step, batches, scheduled, manager, writer,
-                          dog, report, stop)
+          return _run_steps(setup, state, start, train_step, batches, scheduled, manager, writer,
+                            dog, report, stop, attempt)
   finally:
     if manager is not None:
       manager.close()  # Waits for the last save, then stops orbax's writer and deleter threads.
