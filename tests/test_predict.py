@@ -24,15 +24,18 @@ def model_npz(tmp_path_factory) -> str:
 
 @pytest.fixture
 def photo_dir(tmp_path, digits_folder):
-  """Five real digits (one a JPEG, one in a subfolder, one RGB at another size), a broken
-  PNG and a text file, which a folder scan leaves out."""
+  """Five real digits (one a JPEG, one in a subfolder, one RGB at another size, one a TIFF,
+  which only PIL decodes), a broken PNG, a truncated JPEG and a text file, which a folder scan
+  names as no image."""
   files = sorted(glob.glob(os.path.join(digits_folder, "test", "*", "*.png")))[:5]
   (tmp_path / "sub").mkdir()
   for i, f in enumerate(files[:3]):
     shutil.copy(f, tmp_path / f"digit{i}.png")
   Image.open(files[3]).convert("RGB").resize((40, 30)).save(tmp_path / "sub" / "digit3.jpg")
-  shutil.copy(files[4], tmp_path / "sub" / "digit4.png")
+  Image.open(files[4]).save(tmp_path / "sub" / "digit4.tiff")
   (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+  jpeg = (tmp_path / "sub" / "digit3.jpg").read_bytes()
+  (tmp_path / "sub" / "cut.jpg").write_bytes(jpeg[:len(jpeg) // 2])
   (tmp_path / "notes.txt").write_text("not an image")
   return tmp_path
 
@@ -42,13 +45,15 @@ def read_csv(text: str) -> list[dict[str, str]]:
 
 
 def test_find_images_from_files_globs_and_folders(photo_dir):
-  found, unmatched = images.find_images([
+  found, unmatched, others = images.find_images([
       str(photo_dir), str(photo_dir / "digit0.png"), str(photo_dir / "*.png"),
       str(photo_dir / "none_*.jpg"), str(photo_dir / "missing.png")])
   names = [os.path.relpath(p, photo_dir) for p in found]
   assert names == ["broken.png", "digit0.png", "digit1.png", "digit2.png",
-                   os.path.join("sub", "digit3.jpg"), os.path.join("sub", "digit4.png")]
+                   os.path.join("sub", "cut.jpg"), os.path.join("sub", "digit3.jpg"),
+                   os.path.join("sub", "digit4.tiff")]
   assert unmatched == [str(photo_dir / "none_*.jpg"), str(photo_dir / "missing.png")]
+  assert others == [str(photo_dir / "notes.txt")]
 
 
 def test_read_image_decodes_and_resizes_as_the_pipeline(photo_dir):
@@ -57,7 +62,10 @@ def test_read_image_decodes_and_resizes_as_the_pipeline(photo_dir):
   assert gray.dtype == np.uint8 and gray.shape == (8, 8, 3)
   np.testing.assert_array_equal(gray, np.repeat(stored[..., None], 3, axis=-1))
   assert images.read_image(str(photo_dir / "sub" / "digit3.jpg"), 32).shape == (32, 32, 3)
-  for bad in ("broken.png", "notes.txt", "missing.png"):
+  tiff = images.read_image(str(photo_dir / "sub" / "digit4.tiff"), 8)  # PIL's, as the PNG's.
+  np.testing.assert_array_equal(tiff, np.repeat(np.asarray(Image.open(
+      photo_dir / "sub" / "digit4.tiff"))[..., None], 3, axis=-1))
+  for bad in ("broken.png", "notes.txt", "missing.png", "sub/cut.jpg"):
     with pytest.raises(ValueError):
       images.read_image(str(photo_dir / bad), 32)
 
@@ -82,20 +90,31 @@ def test_labels_probabilities_and_top_k():
 
 
 def test_predict_writes_top_k_and_lists_unreadable_images(model_npz, photo_dir, tmp_path,
-                                                          capsys):
+                                                          capfd):
+  """Every readable image classified, every other file named with why, in the count too; the
+  unreadable ones fail the run (jobs.py's rule), with no line from the JPEG decoder."""
   (tmp_path / "labels.txt").write_text("\n".join(f"digit {i}" for i in range(10)))
   out = tmp_path / "preds.csv"
   code = predict.main([model_npz, str(photo_dir), str(photo_dir / "nothing*.png"),
                        "--labels", str(tmp_path / "labels.txt"), "--top_k", "3",
                        "--batch_size", "4", "--out", str(out)])
-  err = capsys.readouterr().err
-  assert code == 0
+  err = capfd.readouterr().err
+  assert code == 1, err
   rows = read_csv(out.read_text())
   assert list(rows[0]) == ["path", "label_1", "prob_1", "label_2", "prob_2", "label_3", "prob_3"]
   assert len(rows) == 5 and not any("broken" in r["path"] for r in rows)
-  assert f"Skipping unreadable image {photo_dir / 'broken.png'}" in err
-  assert f"No images at {photo_dir / 'nothing*.png'}" in err
-  assert f"Classified 5 of 6 images into {out}; 1 unreadable\n  {photo_dir / 'broken.png'}" in err
+  broken, cut = photo_dir / "broken.png", photo_dir / "sub" / "cut.jpg"
+  lines = err.splitlines()
+  assert lines[0] == f"No images at {photo_dir / 'nothing*.png'}", err
+  assert lines[1].startswith(f"Skipping unreadable image {broken}: Invalid PNG"), err
+  assert lines[2] == (f"Skipping unreadable image {cut}: jpeg::Uncompress failed. Invalid JPEG "
+                      "data or crop window."), err  # libjpeg's own lines before it: gone.
+  skipped = ": skipped, no image format PIL or TensorFlow reads"
+  assert lines[3:] == [
+      f"Classified 5 of 9 files into {out}; 2 unreadable, 2 not an image",
+      f"  {tmp_path / 'labels.txt'}{skipped}", f"  {photo_dir / 'notes.txt'}{skipped}",
+      "Images that failed (2):", lines[1].replace("Skipping unreadable image", " ", 1),
+      lines[2].replace("Skipping unreadable image", " ", 1)], err
   # The rows hold the model's own top-3, in order, with softmax probabilities.
   loaded = checkpoint.load(model_npz)
   batch = np.stack([images.read_image(r["path"], loaded.image_size) for r in rows])

@@ -292,12 +292,14 @@ _NATIVE_NOTES = re.compile(
 
 
 @contextlib.contextmanager
-def native_logs() -> Iterator[None]:
+def native_logs(show_errors: bool = True) -> Iterator[None]:
   """Catches what is written on file descriptor 2 while the block runs: wrap the first import
   of the library, for TensorFlow's C++ start-up lines (oneDNN's notice among them, which
   TF_CPP_MIN_LOG_LEVEL does not reach). Its INFO and WARNING lines become one INFO log record
   (in the log file, or nowhere: see route_logs); the rest (errors, Python's own output) is
-  shown on stderr when the block ends. With route_logs(verbose=True) it catches nothing."""
+  shown on stderr when the block ends, unless not `show_errors` (a native library's errors that
+  the command reports in its own words): then it joins the record. With
+  route_logs(verbose=True) it catches nothing."""
   try:
     sys.stderr.flush()
     saved = None if _shown["verbose"] else os.dup(2)
@@ -316,7 +318,7 @@ def native_logs() -> Iterator[None]:
       os.close(saved)
       caught.seek(0)
       lines = caught.read().decode(errors="replace").splitlines()
-      info = [line for line in lines if _NATIVE_NOTES.match(line)]
+      info = [line for line in lines if _NATIVE_NOTES.match(line) or not show_errors]
       if info:
         logging.info("Native lines:\n%s", "\n".join(info))
       if len(info) < len(lines):

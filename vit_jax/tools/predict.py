@@ -7,14 +7,16 @@ CKPT: any checkpoint the project reads (a run's workdir or step dir, an .npz,
 hf-hub:ORG/NAME such as hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k, augreg:NAME;
 run with JAX on whatever device is present), or a model written by `vit-export`: a
 SavedModel folder, a .tflite or an .onnx file. IMAGES: files, globs ('photos/**/*.jpg') or
-folders (searched recursively for .jpg .jpeg .png .gif .bmp .webp). Images are decoded as
-the input pipeline decodes them (grayscale to RGB), resized (and cropped) to the model's
+folders (searched recursively for the formats TensorFlow or PIL decodes: JPEG, PNG, GIF's
+first frame, BMP, WebP, TIFF, ...). Images are decoded as the input pipeline decodes them
+(grayscale to RGB; PIL where TensorFlow cannot), resized (and cropped) to the model's
 resolution as its evaluation did, and scaled to the value range it was trained with: all as
 the checkpoint's description records. The CSV has one row per image: path, then label_1,
 prob_1, ... label_k, prob_k (most likely first; the class names the checkpoint records, else
 --labels, else "class N"; softmax, or per-class sigmoid for a model trained with sigmoid
 cross-entropy or with --sigmoid). Without --out it goes to stdout. Unreadable images are
-skipped and listed on stderr and in the summary; if none is readable, that is the error.
+skipped and listed on stderr and in the summary (exit status 1), and so are a folder's files
+of no image format (status 0); if no image is readable, that is the error.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from collections.abc import Iterator
 # TensorFlow's C++ log repeats every unreadable image's error; this command reports them.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from vit_jax.tools import cli  # noqa: E402
+from vit_jax.tools import cli, jobs  # noqa: E402
 
 import numpy as np  # noqa: E402
 import tqdm  # noqa: E402
@@ -59,25 +61,31 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   cli.add_base_flag(parser)
   cli.add_verbose_flag(parser)
   args = parser.parse_args(argv)
-  if args.top_k < 1 or args.batch_size < 1:
-    parser.error("--top_k and --batch_size must be at least 1.")
+  cli.check_counts(args, dict(top_k=1, batch_size=1, image_size=1))
   return args
 
 
-def batches(paths: list[str], size: int, batch_size: int, unreadable: list[str],
+def _read(path: str, size: int, preprocessing: checkpoint.Preprocessing) -> np.ndarray:
+  """One image; what its decoder writes on stderr (libjpeg's "Improper call to JPEG library
+  in state 201" before the error that this command reports) goes to the log."""
+  with cli.native_logs(show_errors=False):
+    return image_files.read_image(path, size, preprocessing)
+
+
+def batches(paths: list[str], size: int, batch_size: int, unreadable: dict[str, str],
             progress: tqdm.tqdm, preprocessing: checkpoint.Preprocessing
             ) -> Iterator[tuple[list[str], np.ndarray]]:
   """(paths, uint8 images) of up to batch_size readable images; the others are reported
   on stderr (once an image was read: if none is, the caller says it in one line) and
-  appended to `unreadable`. Raises ValueError when no image is readable."""
+  put in `unreadable` with why. Raises ValueError when no image is readable."""
   done, images, held, readable = [], [], [], False
   for path in paths:
     try:
-      images.append(image_files.read_image(path, size, preprocessing))
+      images.append(_read(path, size, preprocessing))
       done.append(path)
       readable = True
     except ValueError as e:
-      unreadable.append(path)
+      unreadable[path] = str(e)
       held.append(f"Skipping unreadable image {path}: {e}")
     if readable:
       for line in held:
@@ -96,10 +104,10 @@ def batches(paths: list[str], size: int, batch_size: int, unreadable: list[str],
 
 
 def predict(runner: runners.Runner, paths: list[str], names: list[str], k: int,
-            sigmoid: bool, batch_size: int, out: str | None) -> list[str]:
+            sigmoid: bool, batch_size: int, out: str | None) -> dict[str, str]:
   """Writes a row per readable image to `out` (stdout if None), the header with the first;
-  returns the unreadable paths."""
-  unreadable = []
+  returns the unreadable paths, with why."""
+  unreadable = {}
   preprocessing = (runner.description.preprocessing if runner.description
                    else checkpoint.Preprocessing())
   with contextlib.ExitStack() as stack:
@@ -146,21 +154,25 @@ def main(argv: list[str]) -> int:
     cli.check_output_dir("--out", os.path.dirname(os.path.abspath(args.out)))
   cli.route_logs(verbose=args.verbose)
   cli.start_tensorflow(datasets=False)  # Images are found and decoded as the pipeline does.
-  paths, unmatched = image_files.find_images(args.images)
+  paths, unmatched, others = image_files.find_images(args.images)
   for spec in unmatched:
     print(f"No images at {spec}", file=sys.stderr)
   if not paths:
-    return cli.input_error("No image files to classify.")
+    return cli.input_error("No image files to classify" + (
+        f" ({len(others)} other files, e.g. {others[0]}: no image format PIL or TensorFlow "
+        "reads)." if others else "."))
   load_kwargs = {k: v for k, v in (("model_name", args.model_name),
                                    ("image_size", args.image_size), ("base", args.base)) if v}
   runner = runners.open_model(args.checkpoint, **load_kwargs)
   names, sigmoid = _names_and_output(runner, args)
   k = min(args.top_k, runner.num_classes)
   unreadable = predict(runner, paths, names, k, sigmoid, args.batch_size, args.out)
-  print(f"Classified {len(paths) - len(unreadable)} of {len(paths)} images"
-        + (f" into {args.out}" if args.out else "") + f"; {len(unreadable)} unreadable"
-        + "".join(f"\n  {p}" for p in unreadable), file=sys.stderr)
-  return 0
+  print(f"Classified {len(paths) - len(unreadable)} of {len(paths) + len(others)} files"
+        + (f" into {args.out}" if args.out else "") + f"; {len(unreadable)} unreadable, "
+        f"{len(others)} not an image" + "".join(
+            f"\n  {p}: skipped, no image format PIL or TensorFlow reads" for p in others),
+        file=sys.stderr)
+  return jobs.finish(unreadable, "images")
 
 
 def run() -> None:
