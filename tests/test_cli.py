@@ -7,8 +7,11 @@ command, as vit-train."""
 import ast
 import dataclasses
 from concurrent import futures
+import json
+import os
 import pathlib
 import re
+import socket
 import subprocess
 import sys
 
@@ -81,6 +84,14 @@ class Files:
     self.differ = _folder(t / "differ", dict(train=["a", "b"], test=["a", "c"]))
     self.bad_image = _folder(t / "bad_image", dict(train=["a", "b"], test=["a", "b"]),
                              broken="train/a/0.png")
+    self.small = _folder(t / "small", dict(train=["a", "b"], test=["a", "b"]))  # 2 a class.
+    self.users = t / "users"  # A folder of a user's files.
+    self.users.mkdir()
+    (self.users / "notes.txt").write_text("mine")
+    self.in_use = t / "in_use"  # A workdir whose lock this (live) process holds.
+    self.in_use.mkdir()
+    (self.in_use / "lock").write_text(json.dumps(
+        {"host": socket.gethostname(), "pid": os.getpid(), "since": "now"}))
 
 
 def train_errors(f: Files) -> list[Case]:
@@ -114,6 +125,59 @@ def train_errors(f: Files) -> list[Case]:
       train("broken image", [f"--config.data.name={f.bad_image}",
                              "--config.data.eval_split=test"],
             f"Cannot decode image {f.bad_image}/train/a/0.png", False),
+      train("a positional argument (its -- forgotten)", ["config.total_steps=10"],
+            "unexpected argument 'config.total_steps=10': vit-train takes flags only "
+            "(--name=value), and reads nothing else; did you mean --config.total_steps=10?"),
+      Case("vit-train", "workdir in use (refused before TensorFlow loads)",
+           ["--config", "tests/tiny_config.py", "--workdir", str(f.in_use)],
+           f"{f.in_use} is in use by PID {os.getpid()}",
+           not_written=(str(f.in_use / "train.log"), str(f.in_use / "checkpoints"))),
+  ]
+
+
+def _users_folder_line(flag: str, f: Files, writes: str) -> str:
+  return (f"{flag} {f.users}: the folder holds files this command did not write (notes.txt); "
+          f"it writes {writes}: give a new or empty folder")
+
+
+def refusals_before_work(f: Files, model: str) -> list[Case]:
+  """Counts out of range, shots a class cannot give, splits a folder cannot fill, output
+  folders holding a user's files: refused before any work, in one line naming the flag."""
+  out, users = str(f.root / "never"), str(f.users)
+  return [
+      Case("vit-fewshot", "non-positive shots", [model, "--datasets=x", "--shots=0,-5"],
+           "--shots=0,-5: each value must be a whole number of 1 or more"),
+      Case("vit-fewshot", "shots a class cannot give",
+           [model, f"--datasets={f.small}", "--shots=1,2", "--out_dir", out],
+           f"--shots=1,2: {f.small} train: class 'a' has 2 examples: 2 shots take 2 of them, "
+           "and 1 more is held out to choose the l2 value on; use at most 1 shots, or a "
+           "larger --train_split", False, (out,)),
+      Case("vit-fewshot", "--out_dir holding a user's files",
+           [model, "--datasets=x", "--out_dir", users],
+           _users_folder_line("--out_dir", f, "fewshot.csv, fewshot.md, fewshot.png"),
+           not_written=(f"{users}/fewshot.csv",)),
+      Case("vit-transfer", "zero steps", [model, "--suite", "x", "--steps=0"],
+           "--steps=0: must be a whole number of 1 or more"),
+      Case("vit-transfer", "a folder too small for the protocol's splits",
+           [model, "--suite", f.small, "--out_dir", out],
+           f"--suite {f.small}: the protocol's split 'train[800:1000]' of {f.small} is empty: "
+           "'train' has 4 examples. Give one rate (e.g. --lr_grid=0.01", False, (out,)),
+      Case("vit-transfer", "--out_dir holding a user's files",
+           [model, "--suite", "x", "--out_dir", users],
+           _users_folder_line("--out_dir", f, "results.csv, .md, .png and a folder per "
+                                              "checkpoint")),
+      Case("vit-export", "a SavedModel into a user's folder",
+           [model, users, "--format", "savedmodel"],
+           _users_folder_line("OUT", f, "a SavedModel"),
+           not_written=(f"{users}/saved_model.pb",)),
+      Case("vit-export", "zero image size", [model, out, "--format", "onnx", "--image_size=0"],
+           "--image_size=0: must be a whole number of 1 or more", not_written=(out,)),
+      Case("vit-predict", "zero top-k", [model, str(f.image), "--top_k=0"],
+           "--top_k=0: must be a whole number of 1 or more"),
+      Case("vit-inspect", "zero images", [model, "--num_images=0"],
+           "--num_images=0: must be a whole number of 1 or more"),
+      Case("vit-zoo", "a negative limit", ["list", "--limit=-1"],
+           "--limit=-1: must be a whole number of 0 or more"),
   ]
 
 
@@ -163,7 +227,7 @@ def _run(case: Case, entry: str) -> subprocess.CompletedProcess:
 def test_every_command_answers_an_input_error_with_one_line_and_status_2(tmp_path):
   model = tiny_serving_checkpoint(tmp_path / "model.npz", "plain")
   files = Files(tmp_path)
-  cases = train_errors(files) + other_errors(files, model)
+  cases = train_errors(files) + other_errors(files, model) + refusals_before_work(files, model)
   scripts = console_scripts()
   assert sorted({c.command for c in cases}) == sorted(scripts), "add the command to the table"
   with futures.ThreadPoolExecutor(2) as pool:  # Each waits seconds for imports: two cores.
@@ -180,13 +244,21 @@ def test_every_command_answers_an_input_error_with_one_line_and_status_2(tmp_pat
   assert not wrong, "\n\n".join(wrong)
 
 
-def test_python_m_vit_jax_main_is_vit_train():
+def test_python_m_vit_jax_main_is_vit_train(tmp_path):
   usage = subprocess.run([sys.executable, "-m", "vit_jax.main", "--help"], cwd=REPO,
                          env=cpu_env(), capture_output=True, text=True, timeout=300)
   assert usage.returncode == 0, usage.stderr[-3000:]
   for flag in ("--config", "--workdir", "--verbose", "--distributed"):
     assert flag in usage.stdout, usage.stdout
   assert usage.stdout.startswith("Trains and evaluates a ViT")
+  # An argument absl leaves over: refused, not a quick-start run that ignores it.
+  extra = subprocess.run([sys.executable, "-m", "vit_jax.main", "--config", "quickstart",
+                          "--workdir", str(tmp_path / "w"), "extra"], cwd=REPO, env=cpu_env(),
+                         capture_output=True, text=True, timeout=300)
+  assert (extra.returncode, extra.stderr) == (2, "error: unexpected argument 'extra': "
+                                                 "vit-train takes flags only (--name=value), "
+                                                 "and reads nothing else\n"), extra.stderr
+  assert not (tmp_path / "w").exists()
 
 
 def test_a_command_ends_with_its_status_past_idle_pools_and_with_its_atexit_work_done():

@@ -30,6 +30,9 @@ from vit_jax.serving import convert, formats
 from vit_jax.tools import cli
 
 FORMATS = ("npz", "adapters", *formats.FORMATS)
+# What a SavedModel folder holds (TensorFlow's layout; the description in assets.extra): a
+# folder of anything else is a user's, not one to export into.
+SAVEDMODEL_ENTRIES = ("saved_model.pb", "fingerprint.pb", "variables", "assets", "assets.extra")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -42,6 +45,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   cli.add_base_flag(parser)
   cli.add_verbose_flag(parser)
   args = parser.parse_args(argv)
+  cli.check_counts(args, dict(image_size=1))
   if args.format in ("npz", "adapters") and (args.model or args.image_size):
     parser.error("--model and --image_size apply to the serving formats; npz keeps the params "
                  "as they are.")
@@ -56,6 +60,8 @@ def main(argv: list[str]) -> int:
   cli.check_output_dir("OUT", os.path.dirname(os.path.abspath(args.out)))
   if os.path.isdir(args.out) and args.format != "savedmodel":
     cli.fail(f"OUT {args.out} is a folder: give the {args.format} file's path")
+  if args.format == "savedmodel":
+    cli.check_owned("OUT", args.out, SAVEDMODEL_ENTRIES.__contains__, "a SavedModel")
   cli.route_logs(verbose=args.verbose)
   if args.format == "npz":
     described = checkpoint.export_npz(args.checkpoint, args.out, args.base)

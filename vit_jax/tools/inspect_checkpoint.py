@@ -264,6 +264,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
   args = parser().parse_args(argv)
   cli.check_checkpoints([args.checkpoint, args.base or ""])
+  cli.check_counts(args, dict(num_images=1, batch_size=1))
+  if args.figures:
+    cli.check_output_dir("--figures", args.figures)
   cli.route_logs(verbose=args.verbose)
   if formats.format_of(args.checkpoint):
     cli.start_tensorflow(datasets=False)
@@ -277,12 +280,15 @@ def main(argv: list[str]) -> int:
                       "opened": opened}, indent=1)
           if args.json else format_description(args.checkpoint, described, opened))
     return 0
+  if args.figures:
+    cli.start_tensorflow()
+    cli.check_owned("--figures", args.figures, set(figures.FILES.values()).__contains__,
+                    ", ".join(figures.FILES.values()))
   found, ckpt = report(args.checkpoint, args.model, args.dataset, args.base)
   summary = goodput.summarize(goodput.read(args.checkpoint))
   if summary is not None:  # A training run's workdir, with the record of its attempts.
     found["goodput"] = dataclasses.asdict(summary)
   if args.figures:
-    cli.start_tensorflow()
     found.update(_figures(ckpt, args))
   if args.json:
     print(json.dumps(found, indent=1))

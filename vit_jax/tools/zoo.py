@@ -186,6 +186,8 @@ def parser() -> argparse.ArgumentParser:
 @cli.command
 def main(argv: list[str]) -> int:
   args = parser().parse_args(argv)
+  if args.command == "list":
+    cli.check_counts(args, dict(limit=0))
   return args.func(args)
 
 
