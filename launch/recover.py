@@ -125,7 +125,11 @@ def request(job: Job, why: str) -> None:
   """Deletes what is left of the queued resource, asks for it again, waits for it, records the
   wait in the workdir and starts the job on it."""
   args = job.args
-  if queued.describe(args).name != "NOT_FOUND":
+  state = queued.describe(args)
+  while state.name in ("SUSPENDING", "DELETING"):  # A preempted job saves meanwhile.
+    time.sleep(job.poll_s)
+    state = queued.describe(args)
+  if state.name != "NOT_FOUND":
     common.execute([queued.delete_command(args)], dry_run=False)
   requested = time.time()
   common.execute([queued.create_command(args, args.accelerator_type, args.version)], False)
@@ -177,10 +181,10 @@ def _follow(job: Job, request_first: bool) -> int:
     why = f"{trouble} at about step {progress.step}"
     say(why)
     if trouble.startswith("exited") and last == (trouble, progress.step):
+      node = queued.node_names(job.args)[0]
       raise common.Failed(f"the job {trouble} twice in a row without progress past step "
                           f"{progress.step}: a failure of the run, not of capacity; read its "
-                          f"log: python launch/tpu_vm.py logs --name {queued.node_names(job.args)[0]}"
-                          f" --zone {job.args.zone}")
+                          f"log: python launch/tpu_vm.py logs --name {node} --zone {job.args.zone}")
     last = (trouble, progress.step)
     restarts += 1
     if restarts > job.args.max_restarts:

@@ -314,7 +314,8 @@ def _check_flags(args: argparse.Namespace, tpu: Slice) -> None:
     queued.check(args, args.accelerator_type.rsplit("-", 1)[0])
     return
   needs = [f for f in ("reserved", "best_effort", "valid_until_duration", "recover")
-           if getattr(args, f, None)] + (["num_slices"] if getattr(args, "num_slices", 1) > 1 else [])
+           if getattr(args, f, None)]
+  needs += ["num_slices"] if getattr(args, "num_slices", 1) > 1 else []
   if needs:
     flag = "--" + needs[0].replace("_", "-")
     raise LaunchError(f"{flag} asks for a queued resource: add --queued.")

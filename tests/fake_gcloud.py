@@ -6,7 +6,7 @@ FAKE_GCLOUD_DIR holds `history.json`, one entry per `queued-resources create`, i
   {"states": ["WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"],  # one per describe, the
                                                                    # last one kept
    "error": "why a FAILED state failed",
-   "then": {"at_step": 6, "event": "preempt" | "maintenance" | "delete" | "crash",
+   "then": {"at_step": 6, "event": "preempt" | "maintenance" | "unhealthy" | "delete" | "crash",
             "signal": "TERM" | "KILL"}}                            # once the job logs the step
 
 and what the fake keeps: `state.json`, `gcloud.log` (the arguments of every call) and each
@@ -14,7 +14,7 @@ node's home folder, `home/NODE`, where `tpu-vm ssh` runs the commands it is give
 install excepted: FAKE_GCLOUD_PYTHON, the tests' Python, stands in for the workers' venv) and
 `tpu-vm scp` copies files. An event kills the node's processes (those whose environment names
 the node) with its signal, as the TPU service's would: a preemption or a deletion takes the
-slice away, maintenance leaves it unhealthy, a crash only ends the job.
+slice away, maintenance or a fault leaves it unhealthy, a crash only ends the job.
 """
 import fcntl
 import json
@@ -133,7 +133,8 @@ def ssh(name: str, home: pathlib.Path, command: str) -> int:
     python.parent.mkdir(parents=True)
     python.write_text(f'#!/bin/sh\nexec {shlex.quote(os.environ["FAKE_GCLOUD_PYTHON"])} "$@"\n')
     python.chmod(0o755)
-  code = subprocess.run(["sh", "-c", command], cwd=home, env={**os.environ, NODE_ENV: name}).returncode
+  env = {**os.environ, NODE_ENV: name}
+  code = subprocess.run(["sh", "-c", command], cwd=home, env=env).returncode
   if "vit_jax.tools.train" in command:
     with State() as s:
       event = history()[s["qr"]["request"]].get("then")
@@ -143,13 +144,18 @@ def ssh(name: str, home: pathlib.Path, command: str) -> int:
   return code
 
 
+def _is_job(cmdline: bytes) -> bool:
+  """vit-train's process, not the shell around it that keeps its exit status."""
+  return b"vit_jax.tools.train" in cmdline and b"train.exit" not in cmdline
+
+
 def _processes(nodes: list[str], job_only: bool = False) -> list[int]:
   """The processes whose environment names one of the nodes (`job_only`: vit-train's)."""
   marks, found = {f"{NODE_ENV}={n}".encode() for n in nodes}, []
   for proc in pathlib.Path("/proc").iterdir():
     try:
       if (proc.name.isdigit() and set((proc / "environ").read_bytes().split(b"\0")) & marks
-          and (not job_only or b"vit_jax.tools.train" in (proc / "cmdline").read_bytes())):
+          and (not job_only or _is_job((proc / "cmdline").read_bytes()))):
         found.append(int(proc.name))
     except OSError:
       continue
@@ -172,26 +178,33 @@ def kill(nodes: list[str], signum: int, grace_s: float = 0.0, job_only: bool = F
 
 
 def play_event(name: str) -> None:
-  """Waits for the job on node `name` to log the event's step, then plays the event: its
-  signal, 30 s of grace, and the slice's new state."""
+  """Waits for the job on node `name` to log the event's step, then plays the event: the
+  slice's new state, the signal, 30 s of grace; a preempted slice is SUSPENDED after that."""
   with State() as s:
     event, nodes = history()[s["qr"]["request"]]["then"], s["qr"]["nodes"]
   log = DIR / "home" / name / "vit_jax" / "logs" / "train.log"
   while not any(int(m) >= event["at_step"] for m in re.findall(
       r"^step (\d+)/", log.read_text() if log.exists() else "", re.M)):
     time.sleep(0.01)
-  kill(nodes if event["event"] in ("preempt", "delete") else [name],
-       getattr(signal, "SIG" + event.get("signal", "TERM")), 30.0, event["event"] == "crash")
-  with State() as s:
+  kind = event["event"]
+  with State() as s:  # The service says so first, as it takes the machines away.
     qr = s["qr"]
-    if event["event"] == "preempt":
-      qr["fixed"] = {"state": "SUSPENDED", "stateInitiator": "SERVICE"}
-      qr["health"] = {n: {"state": "PREEMPTED", "health": "HEALTHY"} for n in qr["nodes"]}
-    elif event["event"] == "maintenance":
+    if kind == "preempt":
+      qr["fixed"] = {"state": "SUSPENDING", "stateInitiator": "SERVICE"}
+      qr["health"] = {n: {"state": "STOPPING", "health": "HEALTHY"} for n in nodes}
+    elif kind == "maintenance":
       qr["health"][name] = {"state": "READY", "health": "UNHEALTHY_MAINTENANCE",
                             "upcomingMaintenance": {"maintenanceStatus": "ONGOING"}}
-    elif event["event"] == "delete":
+    elif kind == "unhealthy":
+      qr["health"][name] = {"state": "READY", "health": "TIMEOUT"}
+    elif kind == "delete":
       s["qr"] = None
+  kill(nodes if kind in ("preempt", "delete") else [name],
+       getattr(signal, "SIG" + event.get("signal", "TERM")), 30.0, kind == "crash")
+  if kind == "preempt":
+    with State() as s:
+      s["qr"]["fixed"] = {"state": "SUSPENDED", "stateInitiator": "SERVICE"}
+      s["qr"]["health"] = {n: {"state": "PREEMPTED", "health": "HEALTHY"} for n in nodes}
 
 
 def main(argv: list[str]) -> int:

@@ -101,10 +101,10 @@ def launch(script: str, *args: str, env: dict | None = None, timeout: int = 60):
 
 def scripted_gcloud(root: pathlib.Path) -> tuple[dict[str, str], pathlib.Path]:
   """tests/fake_gcloud.py first on PATH, playing the history written to ROOT/gcloud/
-  history.json: (the environment of a launch, that folder)."""
+  history.json: (the environment of a launch, that folder, whose state later calls keep)."""
   folder = root / "gcloud"
   script = folder / "bin" / "gcloud"
-  script.parent.mkdir(parents=True)
+  script.parent.mkdir(parents=True, exist_ok=True)
   fake = REPO / "tests" / "fake_gcloud.py"
   script.write_text(f'#!/bin/sh\nexec {sys.executable} -S {fake} "$@"\n')  # -S: stdlib only.
   script.chmod(0o755)

@@ -2,6 +2,7 @@
 is created, and processes and jobs run to their first failure (a real two-process training job
 on localhost: test_e2e_distributed.py)."""
 import json
+import re
 import shlex
 import signal
 import subprocess
@@ -389,3 +390,46 @@ def test_ctrl_c_leaves_the_queued_resource_as_it_is(tmp_path):
   assert p.wait(timeout=60) == 130
   assert "stopped following: queued resource vit and its job are left as they are" in rest
   assert not any("delete" in c for c in (folder / "gcloud.log").read_text().splitlines())
+
+
+@pytest.mark.parametrize("event,why", [
+    # The queued resource or its node seen first, whichever the poll reaches.
+    ("preempt", "preempted ("),
+    ("delete", "deleted ("),
+    ("maintenance", "under maintenance (node vit)"),
+    ("unhealthy", "unhealthy (node vit: TIMEOUT)"),
+    ("crash", "exited with status 137"),
+])
+def test_each_way_a_job_stops_short_is_told_and_the_slice_asked_for_again(tmp_path, event, why):
+  """The job (a stand-in that logs a step and sleeps) meets the event; the launcher names it,
+  asks for the slice again, and ends where the next request fails."""
+  job = tmp_path / "job"
+  job.write_text("#!/bin/sh\necho 'step 1/12 (8.3%)'\nsleep 60\n")
+  job.chmod(0o755)
+  history = [{"states": ["ACTIVE"], "then": {"at_step": 1, "event": event, "signal": "KILL"}},
+             {"states": ["FAILED"], "error": "no capacity"}]
+  result, calls = _queued_up(tmp_path, history, "--recover", python=str(job))
+  assert result.returncode == 1, result.stderr
+  [told] = re.findall(r"^\[[\d :-]+\] (.+) at about step 0$", result.stdout, re.M)
+  assert told.startswith(why)
+  assert sum("queued-resources create" in c for c in calls) == 2
+  assert "queued resource vit is FAILED (no capacity)" in result.stderr
+
+
+def test_watch_follows_a_job_started_before(tmp_path):
+  """`up --queued` starts the job and returns; `watch`, with the same flags, finds it ended
+  short (a stand-in exiting 3) and, with no restart allowed, says so."""
+  crash = tmp_path / "crash"
+  crash.write_text("#!/bin/sh\nexit 3\n")
+  crash.chmod(0o755)
+  started, calls = _queued_up(tmp_path, [{"states": ["ACTIVE"]}], python=str(crash))
+  assert started.returncode == 0 and "Started. Follow it:" in started.stdout
+  env, folder = scripted_gcloud(tmp_path)  # The same fake Cloud, in the state `up` left.
+  watched = launch("tpu_vm.py", "watch", "--poll-seconds", "0.05", "--max-restarts", "0",
+                   *QUEUED, "--accelerator-type", "v5litepod-8", "--config", "quickstart",
+                   "--workdir", str(tmp_path / "run"), env=env | {"FAKE_GCLOUD_PYTHON": str(crash)})
+  assert watched.returncode == 1
+  assert "exited with status 3 at about step 0" in watched.stdout
+  assert "gave up after 0 restarts" in watched.stderr
+  calls = (folder / "gcloud.log").read_text().splitlines()
+  assert sum("queued-resources create" in c for c in calls) == 1  # Only `up`'s.
