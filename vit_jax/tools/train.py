@@ -54,8 +54,10 @@ config_flags.DEFINE_config_file(
 flags.DEFINE_string("workdir", None, "Checkpoints, TensorBoard logs; resumed if present.")
 flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (TPU pods, SLURM).")
 flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for multi-process.")
-flags.DEFINE_integer("num_processes", None, "Number of processes, with --coordinator_address.")
-flags.DEFINE_integer("process_id", None, "This process's index, with --coordinator_address.")
+flags.DEFINE_integer("num_processes", None, "Number of processes, with --coordinator_address.",
+                     lower_bound=1)
+flags.DEFINE_integer("process_id", None, "This process's index, with --coordinator_address.",
+                     lower_bound=0)
 flags.DEFINE_bool("verbose", False, "Show the library's logs (absl INFO) on stderr too, besides "
                   "WORKDIR/train.log.")
 flags.DEFINE_bool("compile_only", False, "Compile the run's train and eval steps for "
@@ -64,12 +66,13 @@ flags.DEFINE_bool("compile_only", False, "Compile the run's train and eval steps
                   "if it does not fit.")
 flags.DEFINE_string("topology", None, "With --compile_only: JAX's spelling (v5e:4x4, v4:2x2x4) or "
                     "a Cloud TPU accelerator type (v4-32, v5litepod-16, v5p-64, v6e-16).")
-flags.DEFINE_integer("num_slices", 1, "With --compile_only: slices of --topology (multislice).")
+flags.DEFINE_integer("num_slices", 1, "With --compile_only: slices of --topology (multislice).",
+                     lower_bound=1)
 flags.DEFINE_bool("plan", False, "With --topology: choose mesh.data x mesh.fsdp and model.remat "
                   "by compiling candidates; print the overrides to use.")
 flags.DEFINE_bool("json", False, "With --compile_only or --plan: the report as JSON on stdout.")
 flags.DEFINE_integer("num_classes", None, "With --compile_only: the dataset's classes, where "
-                     "config.data.name is not one whose count vit_jax knows.")
+                     "config.data.name is not one whose count vit_jax knows.", lower_bound=2)
 flags.mark_flags_as_required(["config"])
 flags.register_multi_flags_validator(
     ["workdir", "compile_only", "plan"],
