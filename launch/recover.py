@@ -69,13 +69,15 @@ def slice_trouble(job: Job) -> str | None:
   return next(filter(None, (_node_trouble(job, n) for n in queued.node_names(job.args))), None)
 
 
-def exit_status(job: Job) -> int | None:
-  """The job's exit status on the first node where it ended, or None while it runs."""
+def job_ended(job: Job) -> str | None:
+  """How the job ended on the first node where it did (its exit status, or its process gone
+  without one), or None while it runs."""
   for node in queued.node_names(job.args):
-    out = subprocess.run(job.exit_command(node), capture_output=True, text=True).stdout
-    codes = [int(line) for line in out.split() if line.strip().isdigit()]
-    if codes:
-      return codes[0]
+    out = subprocess.run(job.exit_command(node), capture_output=True, text=True).stdout.split()
+    if codes := [int(word) for word in out if word.isdigit()]:
+      return f"exited with status {codes[0]}"
+    if "gone" in out:
+      return f"gone (no process and no exit status on {node}: restarted?)"
   return None
 
 
@@ -113,11 +115,11 @@ def watch(job: Job, seen: int) -> tuple[str | None, int]:
     trouble = slice_trouble(job)
     if trouble:
       return trouble, seen
-    code = exit_status(job)
-    if code is not None:
+    ended = job_ended(job)
+    if ended:
       if Progress.read(workdir).finished:
         return None, _announce(workdir, seen, before)
-      return f"exited with status {code}", seen
+      return ended, seen
     time.sleep(job.poll_s)
 
 

@@ -49,6 +49,9 @@ from vit_jax.train import tpu_specs  # noqa: E402
 REMOTE_DIR = "vit_jax"  # On each worker, relative to the home directory.
 LOG = f"{REMOTE_DIR}/logs/train.log"
 EXIT = f"{REMOTE_DIR}/logs/train.exit"  # The job's exit status, once it ended.
+PID = f"{REMOTE_DIR}/logs/train.pid"  # The process that writes EXIT.
+# Prints EXIT, or "gone" where neither it nor its process is there (a machine restarted).
+JOB_STATUS = f"cat {EXIT} 2>/dev/null || kill -0 $(cat {PID} 2>/dev/null) 2>/dev/null || echo gone"
 MEGASCALE_PORT = "8080"  # Slices' port for the megascale runtime, as MaxText and XPK use.
 
 
@@ -168,10 +171,11 @@ def run_commands(args: argparse.Namespace, tpu: Slice,
   train = [*(["env", *(f"{k}={v}" for k, v in env.items())] if env else []), ".venv/bin/python",
            "-m", "vit_jax.tools.train", "--config", spec, "--workdir", args.workdir,
            *distributed, *args.overrides]
-  log, status = (p.removeprefix(f"{REMOTE_DIR}/") for p in (LOG, EXIT))
+  log, status, pid = (p.removeprefix(f"{REMOTE_DIR}/") for p in (LOG, EXIT, PID))
   script = shlex.quote(f"{shlex.join(train)}; echo $? > {status}")
-  start = (f"cd {REMOTE_DIR} && rm -f {status} && setsid nohup sh -c {script} > {log} 2>&1 "
-           "< /dev/null &")
+  # Not one `&&` list: `&` would send the cd to the background with the job.
+  start = (f"cd {REMOTE_DIR} && rm -f {status} {pid} || exit 1; setsid nohup sh -c {script} "
+           f"> {log} 2>&1 < /dev/null & echo $! > {pid}")
   copy = [] if config is None else [
       _gcloud("scp", args, str(config), f"{args.name}:{REMOTE_DIR}/run_configs/",
               *tpu.worker_flags)]
@@ -259,10 +263,9 @@ def _queued_job(args: argparse.Namespace, tpu: Slice) -> recover.Job:
                                    text=True).stdout.strip()
     common.execute(start_commands(args, tpu, True, coordinator), dry_run=False)
 
-  status = f"cat {EXIT} 2>/dev/null || true"
   return recover.Job(
       args, start, lambda node: _gcloud("describe", args, node, "--format=json"),
-      lambda node: _gcloud("ssh", args, node, *tpu.worker_flags, "--command", status),
+      lambda node: _gcloud("ssh", args, node, *tpu.worker_flags, "--command", JOB_STATUS),
       args.poll_seconds)
 
 

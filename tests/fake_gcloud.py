@@ -6,7 +6,8 @@ FAKE_GCLOUD_DIR holds `history.json`, one entry per `queued-resources create`, i
   {"states": ["WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"],  # one per describe, the
                                                                    # last one kept
    "error": "why a FAILED state failed",
-   "then": {"at_step": 6, "event": "preempt" | "maintenance" | "unhealthy" | "delete" | "crash",
+   "then": {"at_step": 6,
+            "event": "preempt" | "maintenance" | "unhealthy" | "delete" | "crash" | "restart",
             "signal": "TERM" | "KILL"}}                            # once the job logs the step
 
 and what the fake keeps: `state.json`, `gcloud.log` (the arguments of every call) and each
@@ -14,7 +15,8 @@ node's home folder, `home/NODE`, where `tpu-vm ssh` runs the commands it is give
 install excepted: FAKE_GCLOUD_PYTHON, the tests' Python, stands in for the workers' venv) and
 `tpu-vm scp` copies files. An event kills the node's processes (those whose environment names
 the node) with its signal, as the TPU service's would: a preemption or a deletion takes the
-slice away, maintenance or a fault leaves it unhealthy, a crash only ends the job.
+slice away, maintenance or a fault leaves it unhealthy, a crash only ends the job, a restart
+ends every process of the node, which comes back healthy.
 """
 import fcntl
 import json

@@ -46,6 +46,7 @@ def remote_train(run: list[str]) -> list[str]:
   assert remote[:2] == ["cd", "vit_jax"]
   train, keep = remote[remote.index("-c") + 1].rsplit("; ", 1)  # The run, its status kept.
   assert keep == "echo $? > logs/train.exit"
+  assert remote[-5:] == ["&", "echo", "$!", ">", "logs/train.pid"]  # Whose end EXIT tells.
   return shlex.split(train)
 
 
@@ -78,7 +79,8 @@ def test_pod_slice_runs_on_every_worker():
   assert remote_train(on_workers[-1])[-4:] == [
       "--workdir", "gs://bucket/b16", "--distributed", "--config.batch_size=1024"]
   remote = shlex.split(flag(on_workers[-1], "--command"))
-  assert remote[remote.index(">"):] == [">", "logs/train.log", "2>&1", "<", "/dev/null", "&"]
+  assert remote[remote.index(">"):remote.index("&") + 1] == [
+      ">", "logs/train.log", "2>&1", "<", "/dev/null", "&"]
 
 
 @pytest.mark.parametrize("accelerator_type,zone,version,hosts", [
@@ -282,7 +284,8 @@ def test_queued_up_with_recovery_prints_every_command_it_may_run():
   assert remote_train(start[-1])[3:] == ["--config", "quickstart", "--workdir", "gs://bucket/run",
                                          "--distributed"]
   assert poll_node[4:6] == ["describe", "vit"] and flag(poll_job, "--command") == (
-      "cat vit_jax/logs/train.exit 2>/dev/null || true")
+      "cat vit_jax/logs/train.exit 2>/dev/null || kill -0 $(cat vit_jax/logs/train.pid "
+      "2>/dev/null) 2>/dev/null || echo gone")
   assert delete == ["gcloud", "compute", "tpus", "queued-resources", "delete", "vit", "--force",
                     "--quiet", "--zone=us-west4-a"]
 
@@ -399,6 +402,7 @@ def test_ctrl_c_leaves_the_queued_resource_as_it_is(tmp_path):
     ("maintenance", "under maintenance (node vit)"),
     ("unhealthy", "unhealthy (node vit: TIMEOUT)"),
     ("crash", "exited with status 137"),
+    ("restart", "gone (no process and no exit status on vit: restarted?)"),
 ])
 def test_each_way_a_job_stops_short_is_told_and_the_slice_asked_for_again(tmp_path, event, why):
   """The job (a stand-in that logs a step and sleeps) meets the event; the launcher names it,
