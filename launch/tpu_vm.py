@@ -270,20 +270,23 @@ def _queued_job(args: argparse.Namespace, tpu: Slice) -> recover.Job:
 
 
 def _queued_dry_run(args: argparse.Namespace, tpu: Slice, job: recover.Job) -> None:
-  """Every gcloud command the launch may run, in order: request, wait, start; with --recover,
-  the checks of each poll and the deletion before a new request."""
-  commands = [] if args.command == "watch" else [
-      queued.create_command(args, tpu.accelerator_type, tpu.version), queued.describe_command(args)]
+  """Every gcloud command the launch may run, in order: the request, the wait and the start;
+  following the job (--recover, watch), the checks of each poll and, when the job stopped
+  short, the deletion before the request again."""
+  request = [queued.create_command(args, tpu.accelerator_type, tpu.version),
+             queued.describe_command(args)]
   if args.command != "create":
     coordinator = None
     if args.num_slices > 1:
-      commands.append(coordinator_command(args))
+      request.append(coordinator_command(args))
       coordinator = f"IP_OF_{queued.node_names(args)[0]}_WORKER_0"  # Found once active.
-    commands += start_commands(args, tpu, True, coordinator)
-  if getattr(args, "recover", False):
-    nodes = queued.node_names(args)
-    commands += [queued.describe_command(args), *map(job.node_command, nodes),
-                 *map(job.exit_command, nodes), queued.delete_command(args)]
+    request += start_commands(args, tpu, True, coordinator)
+  nodes = queued.node_names(args)
+  polls = [queued.describe_command(args), *map(job.node_command, nodes),
+           *map(job.exit_command, nodes), queued.delete_command(args)]
+  following = getattr(args, "recover", False)
+  commands = (polls + request if args.command == "watch" else
+              request + polls if following else request)
   common.execute(commands, dry_run=True)
 
 
@@ -294,7 +297,7 @@ def handle_queued(args: argparse.Namespace, tpu: Slice) -> int:
   if args.dry_run:
     _queued_dry_run(args, tpu, job)
     return 0
-  if args.recover:
+  if getattr(args, "recover", False):  # up --recover, watch.
     return recover.follow(job, request_first=args.command != "watch")
   state = queued.describe(args)
   if state.name != "NOT_FOUND":
@@ -428,8 +431,9 @@ def _add_capacity_flags(s: argparse.ArgumentParser, name: str) -> None:
   if name in ("up", "watch"):
     s.add_argument("--max-restarts", type=int, default=20,
                    help="with --recover: restarts before giving up (default: %(default)s)")
-    s.add_argument("--poll-seconds", type=float, default=60.0,
-                   help="seconds between checks of the slice and the job (default: %(default)s)")
+  s.add_argument("--poll-seconds", type=float, default=60.0,
+                 help="with --queued: seconds between checks of the queued resource, the slice "
+                 "and the job (default: %(default)s)")
 
 
 if __name__ == "__main__":

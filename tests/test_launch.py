@@ -437,3 +437,17 @@ def test_watch_follows_a_job_started_before(tmp_path):
   assert "gave up after 0 restarts" in watched.stderr
   calls = (folder / "gcloud.log").read_text().splitlines()
   assert sum("queued-resources create" in c for c in calls) == 1  # Only `up`'s.
+
+
+def test_create_queued_waits_for_the_slice_and_starts_nothing(tmp_path):
+  env, folder = scripted_gcloud(tmp_path)
+  (folder / "history.json").write_text(json.dumps([{"states": ["PROVISIONING", "ACTIVE"]}]))
+  result = launch("tpu_vm.py", "create", "--queued", "--reserved", "--poll-seconds", "0.05",
+                  *QUEUED[:-1], env=env)
+  assert result.returncode == 0, result.stderr
+  assert "queued resource vit: ACTIVE, after" in result.stdout
+  calls = (folder / "gcloud.log").read_text().splitlines()
+  [create] = [c for c in calls if "queued-resources create" in c]
+  assert "--reserved" in create and not any("tpu-vm" in c for c in calls)
+  watch = dry_run("tpu_vm.py", "watch", *QUEUED, *RUN)
+  assert watch[0][3:5] == ["queued-resources", "describe"]  # Follows first, asks again after.
