@@ -23,8 +23,9 @@ from vit_jax.train import loop
 
 
 @pytest.mark.slow
-def test_a_training_run_loads_from_its_workdir_and_step_dir(tmp_path, dataset):
-  loop.train_and_evaluate(tiny_config(dataset, total_steps=2), str(tmp_path))
+def test_a_training_run_loads_from_its_workdir_and_step_dir(tmp_path, dataset, monkeypatch):
+  monkeypatch.chdir(tmp_path.parent)  # A relative workdir (orbax takes absolute paths only).
+  loop.train_and_evaluate(tiny_config(dataset, total_steps=2), tmp_path.name)
   flat, meta = checkpoint.read_params(tmp_path / "checkpoints" / "2")
   assert meta["model_name"] == "ViT-Ti_16"
   for path in (tmp_path, tmp_path / "checkpoints" / "2"):

@@ -9,6 +9,7 @@ is workdir_lock.py's.
 """
 import json
 import logging
+import os
 from typing import Any
 
 import jax
@@ -26,8 +27,14 @@ ITEMS = ("state", "meta")
 _RECORDS = ("checksums", "description")
 
 
+def absolute(path: str | epath.Path) -> epath.Path:
+  """A local path made absolute: orbax writes and reads nothing else (a relative workdir failed
+  at the first save, after the training)."""
+  return epath.Path(path if "://" in str(path) else os.path.abspath(path))
+
+
 def checkpoint_dir(workdir: str | epath.Path) -> epath.Path:
-  return epath.Path(workdir) / "checkpoints"
+  return absolute(workdir) / "checkpoints"
 
 
 def finished_steps(workdir: str | epath.Path) -> list[int]:
@@ -227,7 +234,7 @@ def latest_step_dir(path: str | epath.Path) -> epath.Path:
 
 
 def _checked_step_dir(step_dir: str | epath.Path) -> epath.Path:
-  step_dir = epath.Path(step_dir)
+  step_dir = absolute(step_dir)
   if not is_step_dir(step_dir):
     raise CheckpointError(f"{step_dir} is not a vit_jax checkpoint step directory "
                           "(WORKDIR/checkpoints/STEP with state/ and meta/).")
