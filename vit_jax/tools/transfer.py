@@ -239,7 +239,8 @@ def main(argv: list[str]) -> int:
       return 0
     failures = sweep.run(args.checkpoints, task_list, settings, args.out_dir)
   print((epath.Path(args.out_dir) / "results.md").read_text(), end="")
-  return jobs.finish({f"{c} on {t}": why for (c, t), why in failures.items()}, "tasks")
+  return jobs.finish({f"{c} on {t}": why.removeprefix("failed: ")
+                      for (c, t), why in failures.items()}, "tasks")
 
 
 def run() -> None:
