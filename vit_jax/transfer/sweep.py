@@ -114,6 +114,7 @@ def _run(checkpoints: Sequence[str], task_list: Sequence[tasks.Task],
     try:
       described = checkpoint.describe(ckpt)
     except Exception as e:  # the other checkpoints still run
+      logging.error("%s failed: %s", ckpt, _one_line(e))
       failures |= {(ckpt, t.name): f"failed: {_one_line(e)}" for t in task_list}
       continue
     for task in task_list:
