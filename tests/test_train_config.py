@@ -14,6 +14,21 @@ def test_label_smoothing_is_validated():
     config_lib.validate(c)
 
 
+def test_steps_from_epochs_that_a_batch_leaves_too_few_name_the_batch_size():
+  """The batch size is the cause, not the warm-up the run becomes too short for."""
+  c = config_lib.base_config()
+  c.total_epochs, c.warmup_steps, c.batch_size = 6.0, 400, 16_777_216
+  with pytest.raises(ValueError, match=r"^config.batch_size=16777216: total_epochs=6 of this "
+                     "batch make 358 steps, fewer than the 400 of warm-up: use a smaller batch"):
+    config_lib.resolve_steps(c, 1_000_000_000)
+  c.batch_size = 1_000_000
+  with pytest.raises(ValueError, match="total_epochs=6 of this batch make no whole step"):
+    config_lib.resolve_steps(c, 60_000)
+  c.total_epochs, c.total_steps = None, 300  # Given in steps: the warm-up's own line.
+  with pytest.raises(ValueError, match=r"config.warmup_steps=400: must be in \[0, total steps"):
+    config_lib.resolve_steps(c, 60_000)
+
+
 @pytest.mark.parametrize("field,value,message", [
     ("model_name", "ViT-Q_16", "config.model_name='ViT-Q_16': unknown model"),
     ("total_epochs", 1.0, "set exactly one of total_steps / total_epochs"),

@@ -189,6 +189,11 @@ def resolve_steps(c: ml_collections.ConfigDict, num_train_examples: int) -> tupl
   total = c.total_steps if c.total_steps is not None else round(c.total_epochs * steps_per_epoch)
   warmup = (c.warmup_steps if c.warmup_steps is not None else
             round((c.warmup_epochs or 0) * steps_per_epoch))
+  if c.total_steps is None and not 1 <= total >= warmup:  # The batch size made it so.
+    made = "no whole step" if total < 1 else f"{total} steps, fewer than the {warmup} of warm-up"
+    check(False, "batch_size", c.batch_size,
+          f"total_epochs={c.total_epochs:g} of this batch make {made}: use a smaller batch, "
+          "more epochs, or set total_steps")
   check(total >= 1, "total_steps", total, "the run must last at least one step")
   check(0 <= warmup <= total, "warmup_steps", warmup, f"must be in [0, total steps={total}]")
   return total, warmup
