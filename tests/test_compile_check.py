@@ -25,3 +25,13 @@ def test_multi_host_compile():
   a = compile_check.attempt(configs.get_config(TINY_CONFIG), topology, 10, {})
   assert a.fits and a.train.flops > 0 and a.micro_batch == 32
   assert compile_check.resolve_topology("v4-16").chips == 8  # A device per chip (megacore).
+
+
+@needs_libtpu
+def test_a_shape_libtpu_refuses_is_answered_with_the_sizes_that_exist():
+  from vit_jax.train import compile_check
+  with pytest.raises(ValueError, match=r"^--topology v5e:3x3: no v5e slice is laid out 3x3; the "
+                     r"sizes that exist: v5e:1x1, v5e:1x2, v5e:2x2, v5e:2x4, v5e:4x4, v5e:4x8, "
+                     r"v5e:8x8, \.\.\. \(or the accelerator type, v5litepod-N\)$"):
+    compile_check.resolve_topology("v5e:3x3")
+

@@ -90,8 +90,18 @@ def resolve_topology(name: str, num_slices: int = 1) -> Topology:
   try:
     desc = topologies.get_topology_desc(platform="tpu", topology_name=jax_name, **extra)
   except RuntimeError as e:  # No libtpu, or a shape libtpu refuses: one line either way.
-    raise ValueError(f"--topology {name} ({jax_name}): {str(e).splitlines()[0]}") from None
+    if "INVALID_ARGUMENT" not in str(e):
+      raise ValueError(f"--topology {name} ({jax_name}): {str(e).splitlines()[0]}") from None
+    raise ValueError(f"--topology {name}: no {chip.name} slice is laid out {jax_name.split(':')[1]}"
+                     f"; the sizes that exist: {_standard_shapes(chip)}, ... (or the accelerator "
+                     f"type, {chip.cloud_prefix}-N)") from None
   return Topology(name, jax_name, num_slices, chip, tuple(desc.devices))
+
+
+def _standard_shapes(chip: tpu_specs.Chip) -> str:
+  first = 2 if chip.dims == 3 else 0  # 3-D slices start at four chips.
+  return ", ".join(f"{chip.name}:{tpu_specs.topology_shape(chip, 2**k)}"
+                   for k in range(first, first + 7))
 
 
 @dataclasses.dataclass(frozen=True)
