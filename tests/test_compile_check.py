@@ -35,3 +35,13 @@ def test_a_shape_libtpu_refuses_is_answered_with_the_sizes_that_exist():
                      r"v5e:8x8, \.\.\. \(or the accelerator type, v5litepod-N\)$"):
     compile_check.resolve_topology("v5e:3x3")
 
+
+def test_a_plan_tries_fsdp_remat_and_accumulation_together_last():
+  from vit_jax import configs
+  from vit_jax.train import compile_check
+  c = configs.get_config(TINY_CONFIG)
+  c.batch_size = 256
+  found = compile_check.candidates(c, 16, plan=True)
+  assert len(found) == compile_check.MAX_CANDIDATES
+  assert found[-1] == {"mesh.data": -1, "mesh.fsdp": 8, "model.remat": True, "accum_steps": 4}
+

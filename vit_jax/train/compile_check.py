@@ -346,9 +346,11 @@ def candidates(c: ml_collections.ConfigDict, chips: int, plan: bool = False
   accums = [base | {"accum_steps": c.accum_steps * k} for k in (2, 4)
             if c.batch_size % (c.accum_steps * k) == 0
             and (c.batch_size // (c.accum_steps * k)) % chips == 0]
-  last = [(both or sharded or remat or [base])[-1] | accums[-1]] if accums else []
-  found = ([base] if plan else []) + sharded + remat + both + accums + last
-  return found[:MAX_CANDIDATES]
+  last = ([(both or sharded or remat or [base])[-1] | {"accum_steps": accums[-1]["accum_steps"]}]
+          if accums else [])
+  found = ([base] if plan else []) + sharded + remat + both + accums
+  # All of it is always tried: a search that cuts it never tried what fits last.
+  return found[:MAX_CANDIDATES - len(last)] + last
 
 
 def _fsdp_of(c: ml_collections.ConfigDict, chips: int) -> int:
