@@ -28,10 +28,12 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, NoReturn, TextIO
 
 import tqdm
 from absl import app, flags
@@ -70,6 +72,8 @@ flags.DEFINE_integer("num_slices", 1, "With --compile_only: slices of --topology
                      lower_bound=1)
 flags.DEFINE_bool("plan", False, "With --topology: choose mesh.data x mesh.fsdp and model.remat "
                   "by compiling candidates; print the overrides to use.")
+flags.DEFINE_integer("plan_timeout", 600, "With --plan: seconds the search may take; then it "
+                     "ends with the closest candidate compiled so far.", lower_bound=1)
 flags.DEFINE_bool("json", False, "With --compile_only or --plan: the report as JSON on stdout.")
 flags.DEFINE_integer("num_classes", None, "With --compile_only: the dataset's classes, where "
                      "config.data.name is not one whose count vit_jax knows.", lower_bound=2)
@@ -463,8 +467,7 @@ def _compile_only() -> int:
   try:
     with cli.native_logs():  # libtpu's start-up lines, where there is no TPU.
       topology = compile_check.resolve_topology(FLAGS.topology, FLAGS.num_slices)
-    found = compile_check.search(FLAGS.config, topology, num_classes, FLAGS.plan,
-                                 lambda line: print(line, file=sys.stderr, flush=True))
+    found = _search(topology, num_classes)
   except (ValueError, ConfigError) as e:
     cli.fail(e)
   shown = found.found if FLAGS.plan else found.given
@@ -479,6 +482,52 @@ def _compile_only() -> int:
   if shown is not None and shown.fits:
     return 0
   cli.fail(_no_fit_line(found, topology))
+
+
+def _search(topology: "compile_check.Topology", num_classes: int) -> "compile_check.Search":
+  """compile_check.search in a thread of its own, so that this one answers at once: SIGTERM or
+  Ctrl-C ends the search with one line (libtpu's handler, which prints a stack trace, replaced),
+  and --plan_timeout with the closest candidate so far."""
+  from vit_jax.train import compile_check
+  found, result = compile_check.Search(None, []), {}
+
+  def work() -> None:
+    try:
+      result["search"] = compile_check.search(
+          FLAGS.config, topology, num_classes, FLAGS.plan,
+          lambda line: print(line, file=sys.stderr, flush=True), found)
+    except BaseException as e:  # Raised again in the main thread.
+      result["error"] = e
+
+  worker = threading.Thread(target=work, name="compile search", daemon=True)
+  for signum in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(signum, lambda n, _: _end_now(cli.stopped(stop_signals.Interrupted(
+        n, resumable=False))))
+  worker.start()
+  worker.join(FLAGS.plan_timeout if FLAGS.plan else None)
+  if worker.is_alive():
+    _end_now(cli.input_error(_timeout_line(found)))
+  if "error" in result:
+    raise result["error"]
+  return result["search"]
+
+
+def _end_now(status: int) -> NoReturn:
+  """Ends the process while the search's thread is inside a compile (nothing to save)."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(status)
+
+
+def _timeout_line(found: "compile_check.Search") -> str:
+  from vit_jax.train import tpu_specs
+  line = (f"--plan_timeout={FLAGS.plan_timeout}: {len(found.tried)} candidate(s) compiled in "
+          f"{FLAGS.plan_timeout} s, none fits yet")
+  if found.tried:
+    closest = min(found.tried, key=lambda a: a.over_bytes)
+    line += (f"; the closest, {' '.join(closest.flags())}, is "
+             f"{closest.over_bytes / tpu_specs.GiB:.2f} GiB per chip over")
+  return line + ": give the search more time (--plan_timeout) or use a bigger slice"
 
 
 def _no_fit_line(found: "compile_check.Search", topology: "compile_check.Topology") -> str:

@@ -372,11 +372,13 @@ class Search:
 
 
 def search(c: ml_collections.ConfigDict, topology: Topology, num_classes: int,
-           plan: bool = False, log: Callable[[str], None] = lambda _: None) -> Search:
+           plan: bool = False, log: Callable[[str], None] = lambda _: None,
+           out: Search | None = None) -> Search:
   """Compiles the config (unless `plan`), then, if it does not fit, each candidate until one
-  does; `log` hears of each compile."""
-  given = None if plan else attempt(c, topology, num_classes, {})
-  out = Search(given, [])
+  does; `log` hears of each compile. `out`, filled in as the compiles end, is what a caller
+  that stops the search early has of it."""
+  out = out or Search(None, [])
+  given = out.given = None if plan else attempt(c, topology, num_classes, {})
   if given is not None:
     log(f"compiled the config in {given.compile_s:.0f} s: "
         f"{'fits' if given.fits else 'does not fit'}")
