@@ -3,7 +3,7 @@ the library's logs go.
 
 Exit status: 0 done; 128 + N stopped by signal N (SIGTERM 143, Ctrl-C 130) after saving what
 a rerun resumes from (vit_jax/train/stop_signals.py); 1 a failure while running (an exception with its traceback, or work a
-command reports it could not do, e.g. every checkpoint of a sweep failed); 2 a usage or input
+command reports it could not do, e.g. a job of a sweep failed: jobs.py); 2 a usage or input
 error: a bad flag (argparse and absl print the usage), or an input the library refuses (a path
 that holds no checkpoint, a dataset that cannot be read, a checkpoint that contradicts a
 flag), reported as one line `error: MESSAGE` on stderr in the library's own words.
