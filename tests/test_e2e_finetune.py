@@ -63,12 +63,13 @@ def test_finetuning_beats_scratch_and_fewshot_rises_with_shots(tmp_path, pretrai
 
   out_dir = tmp_path / "sweep"
   step_dir = str(checkpoint.latest_step_dir(workdir))
-  (tmp_path / "broken.npz").write_bytes(b"not a checkpoint")  # Fails alone; the sweep goes on.
+  # Fails alone: the sweep goes on, writes the others' results, and its status says a job failed.
+  (tmp_path / "broken.npz").write_bytes(b"not a checkpoint")
   code = fewshot.main([npz, step_dir, str(tmp_path / "broken.npz"), "--datasets=fashion_mnist",
                        f"--data_dir={data_dir}", "--train_split=train[:2000]",
                        "--test_split=test[:1000]", "--image_size=28", "--shots=1,5,25",
                        "--seeds=2", f"--out_dir={out_dir}"])
-  assert code == 0
+  assert code == 1
   rows = list(csv.DictReader(open(out_dir / "fewshot.csv")))
   for ckpt in (npz, step_dir):
     means = [float(r["mean"]) for r in rows if r["checkpoint"] == ckpt]
