@@ -59,14 +59,23 @@ def _node_trouble(job: Job, node: str) -> str | None:
   return None
 
 
-def slice_trouble(job: Job) -> str | None:
-  """What keeps the slices from running the job, or None."""
-  state = queued.describe(job.args)
+def _queued_trouble(state: queued.State) -> str | None:
   if state.name in ("SUSPENDING", "SUSPENDED"):
     return f"preempted (queued resource {state})"
-  if state.name != "ACTIVE":
-    return f"deleted (queued resource {state})"
-  return next(filter(None, (_node_trouble(job, n) for n in queued.node_names(job.args))), None)
+  return None if state.name == "ACTIVE" else f"deleted (queued resource {state})"
+
+
+def slice_trouble(job: Job) -> str | None:
+  """What keeps the slices from running the job, or None."""
+  trouble = _queued_trouble(queued.describe(job.args))
+  if trouble:
+    return trouble
+  trouble = next(filter(None, (_node_trouble(job, n) for n in queued.node_names(job.args))), None)
+  if trouble and trouble.startswith("deleted"):
+    # A preempted node is STOPPING before it is PREEMPTED, and may be so already when the
+    # queued resource was still ACTIVE a moment before: it says SUSPENDING by now.
+    return _queued_trouble(queued.describe(job.args)) or trouble
+  return trouble
 
 
 def job_ended(job: Job) -> str | None:

@@ -420,6 +420,24 @@ def test_each_way_a_job_stops_short_is_told_and_the_slice_asked_for_again(tmp_pa
   assert "queued resource vit is FAILED (no capacity)" in result.stderr
 
 
+@pytest.mark.parametrize("after,why", [
+    ("SUSPENDING", "preempted (queued resource SUSPENDING (by the TPU service))"),
+    ("ACTIVE", "deleted (node vit is STOPPING)"),
+])
+def test_a_node_stopping_is_a_preemption_once_its_queued_resource_says_so(monkeypatch, after, why):
+  """The poll read the queued resource ACTIVE, then its node STOPPING: it asks the queued
+  resource again, which names the cause."""
+  from launch import queued, recover
+  states = iter([queued.State("ACTIVE"), queued.State(after, "by the TPU service" * (
+      after != "ACTIVE"))])
+  monkeypatch.setattr(queued, "describe", lambda args: next(states))
+  monkeypatch.setattr(queued, "node_names", lambda args: ["vit"])
+  stopping = [sys.executable, "-c", "print('{\"state\": \"STOPPING\"}')"]
+  job = recover.Job(args=None, start=lambda: None, node_command=lambda node: stopping,
+                    exit_command=lambda node: [])
+  assert recover.slice_trouble(job) == why
+
+
 def test_watch_follows_a_job_started_before(tmp_path):
   """`up --queued` starts the job and returns; `watch`, with the same flags, finds it ended
   short (a stand-in exiting 3) and, with no restart allowed, says so."""
