@@ -2,7 +2,7 @@
 
 - "xla": softmax(QK^T / sqrt(d)) V as XLA ops, the logits and the softmax in float32. In
   float32 it is jax.nn.dot_product_attention's XLA path itself. With 16-bit inputs (our VJP,
-  `xla_attention`, whose float32 values are JAX's too) the softmax's numerators are cast to
+  `xla_attention`) the softmax's numerators are cast to
   that dtype for the AV product and the rows normalised after it (flash attention's order),
   and the backward pass keeps those 16-bit numerators: one (batch, heads, tokens, tokens)
   bf16 tensor a block, where autodiff of the float32 softmax keeps two float32 ones and a
@@ -99,15 +99,11 @@ def _xla_forward(q, k, v):
   logits = logits.astype(jnp.float32)
   numerators = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
   sums = jnp.sum(numerators, axis=-1, keepdims=True)
-  if q.dtype == jnp.float32:  # Normalised first: jax.nn.dot_product_attention's values exactly.
-    out = jnp.einsum("bhqk,bkhd->bqhd", numerators / sums, v)
-  else:
-    # 16-bit: normalised after the AV product (flash attention's order), so that only the
-    # 16-bit numerators are written, not float32 probabilities as well.
-    numerators = numerators.astype(v.dtype)
-    out = jnp.einsum("bhqk,bkhd->bqhd", numerators, v)
-    out = (out / jnp.swapaxes(sums, 1, 2)).astype(v.dtype)
-  return out, (numerators, sums)
+  # Normalised after the AV product (flash attention's order), so that only the 16-bit
+  # numerators are written, not float32 probabilities as well.
+  numerators = numerators.astype(v.dtype)
+  out = jnp.einsum("bhqk,bkhd->bqhd", numerators, v)
+  return (out / jnp.swapaxes(sums, 1, 2)).astype(v.dtype), (numerators, sums)
 
 
 @jax.custom_vjp
