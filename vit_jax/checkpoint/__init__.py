@@ -3,10 +3,11 @@ a checkpoint records about itself (`description`), and one loader from any check
 to arrays and description, or to a model with params (`loader`)."""
 from vit_jax.checkpoint.description import (Description, DescriptionMismatch, Preprocessing,
                                             check_option, output_of_loss)
+from vit_jax.checkpoint.errors import CheckpointError
 from vit_jax.checkpoint.loader import (Loaded, describe, export_adapters, export_npz,
                                        from_arrays, load, load_params, read)
-from vit_jax.checkpoint.npz import (POSEMB_KEY, CheckpointError, arrays_sha256, fit_to_target,
-                                    flatten, infer_model_config, load_npz, load_npz_flat, read_npz,
+from vit_jax.checkpoint.npz import (POSEMB_KEY, arrays_sha256, fit_to_target, flatten,
+                                    infer_model_config, load_npz, load_npz_flat, read_npz,
                                     resize_posemb, save_npz, unflatten)
 from vit_jax.checkpoint.run import latest_step_dir, make_meta, read_params, read_step
 

@@ -4,7 +4,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from vit_jax.checkpoint.npz import CheckpointError
+from vit_jax.checkpoint.errors import CheckpointError
 
 _SHOWN = 8  # Unused names listed in the error; the rest counted.
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from vit_jax.checkpoint import npz, timm_layout, transformers_layout
 from vit_jax.checkpoint.description import Description
-from vit_jax.checkpoint.npz import CheckpointError
+from vit_jax.checkpoint.errors import CheckpointError
 
 PREFIX = "hf-hub:"
 CONFIG = "config.json"

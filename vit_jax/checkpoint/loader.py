@@ -23,6 +23,7 @@ from etils import epath
 from vit_jax import models
 from vit_jax.checkpoint import augreg, description as desc_lib, hub, npz, run
 from vit_jax.checkpoint.description import Description
+from vit_jax.checkpoint.errors import CheckpointError
 from vit_jax.models import lora
 
 
@@ -73,7 +74,7 @@ def _checked_name(flat: dict[str, np.ndarray], model_name: str,
   wrong = {k: v for k, v in models.registry.architecture(found).items()
            if k not in overrides and named[k] != v}
   if wrong:
-    raise npz.CheckpointError(
+    raise CheckpointError(
         f"The checkpoint is not a {model_name}: it has "
         + ", ".join(f"{k}={v} ({model_name}: {named[k]})" for k, v in wrong.items())
         + f". Name the right model, or pass these as overrides: {json.dumps(wrong)}.")
@@ -106,7 +107,7 @@ def read(path: str, base: str | None = None) -> tuple[dict[str, np.ndarray], Des
   if path.startswith(EMA_PREFIX):
     run_dir = epath.Path(path.removeprefix(EMA_PREFIX))
     if not run_dir.is_dir():
-      raise npz.CheckpointError(f"{path}: `ema:` takes a training run's workdir or step directory.")
+      raise CheckpointError(f"{path}: `ema:` takes a training run's workdir or step directory.")
     step_dir = run.latest_step_dir(run_dir)
     flat, described = run.read_step(step_dir, ema=True)
     return flat, described, f"{EMA_PREFIX}{step_dir}"
@@ -136,18 +137,18 @@ def _on_base(adapters: dict[str, np.ndarray], described: Description, path: str,
   """A LoRA adapters file (`export_adapters`) on its base checkpoint, the run's
   config.pretrained (or `base_path`), fitted as the run fitted it; merged."""
   if not described.parent:
-    raise npz.CheckpointError(f"{path} holds LoRA adapters but names no base checkpoint.")
+    raise CheckpointError(f"{path} holds LoRA adapters but names no base checkpoint.")
   base_path = base_path or described.parent
   point = "give the base they were trained on with --base PATH (checkpoint.load(..., base=PATH))"
   try:
     base = read(base_path)[0]
   except FileNotFoundError:
-    raise npz.CheckpointError(
+    raise CheckpointError(
         f"{path}: the base checkpoint its LoRA adapters were trained on, {base_path}, is not "
         f"there; {point}.") from None
   found = npz.arrays_sha256(base)
   if described.parent_sha256 and found != described.parent_sha256:
-    raise npz.CheckpointError(
+    raise CheckpointError(
         f"{path}: its LoRA adapters were trained on {described.parent} (arrays sha256 "
         f"{described.parent_sha256[:12]}), but {base_path} holds other arrays (sha256 "
         f"{found[:12]}); {point}.")
@@ -169,7 +170,7 @@ def export_adapters(path: str, out: str) -> Description:
   flat, meta = run.read_params(step_dir, ema=path.startswith(EMA_PREFIX))
   described = run.step_description(meta, int(step_dir.name))
   if not described.model.get("lora_rank"):
-    raise npz.CheckpointError(f"{path} is not a LoRA run (config.lora.rank): export it whole.")
+    raise CheckpointError(f"{path} is not a LoRA run (config.lora.rank): export it whole.")
   if not described.parent_sha256:  # A run from before its base was recorded by content.
     described = described.replace(parent_sha256=npz.arrays_sha256(read(described.parent)[0]))
   described = described.replace(exported_from=str(step_dir))

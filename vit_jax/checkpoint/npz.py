@@ -23,9 +23,9 @@ import numpy as np
 from etils import epath
 from flax import traverse_util
 
-from vit_jax.config_errors import InputError
 from vit_jax.checkpoint import description as description_lib
 from vit_jax.checkpoint import patch_resize
+from vit_jax.checkpoint.errors import CheckpointError
 from vit_jax.models import posemb_resize
 
 Params = Mapping[str, Any]
@@ -37,10 +37,6 @@ _NEW_TO_OLD_BLOCK_NAMES = {
     "LayerNorm_1": "LayerNorm_2",
     "MlpBlock_0": "MlpBlock_3",
 }
-
-
-class CheckpointError(InputError):
-  """A checkpoint that cannot be read, or does not fit the model."""
 
 
 def flatten(params: Params) -> dict[str, Any]:

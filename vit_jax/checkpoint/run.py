@@ -19,7 +19,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from vit_jax.checkpoint.description import Description, Preprocessing, output_of_loss
-from vit_jax.checkpoint.npz import CheckpointError, flatten
+from vit_jax.checkpoint.errors import CheckpointError
+from vit_jax.checkpoint.npz import flatten
 from vit_jax.models import lora
 
 ITEMS = ("state", "meta")

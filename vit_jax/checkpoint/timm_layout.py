@@ -16,7 +16,8 @@ import numpy as np
 
 from vit_jax import models
 from vit_jax.checkpoint import arrays_source, description as desc_lib
-from vit_jax.checkpoint.npz import POSEMB_KEY, CheckpointError
+from vit_jax.checkpoint.errors import CheckpointError
+from vit_jax.checkpoint.npz import POSEMB_KEY
 
 NAME = "timm"
 # Pretrained tags of weights trained by Google in JAX, whose GELU was flax's tanh form;

@@ -11,7 +11,8 @@ import numpy as np
 
 from vit_jax import models
 from vit_jax.checkpoint import arrays_source, description as desc_lib
-from vit_jax.checkpoint.npz import POSEMB_KEY, CheckpointError
+from vit_jax.checkpoint.errors import CheckpointError
+from vit_jax.checkpoint.npz import POSEMB_KEY
 
 NAME = "transformers"
 _TANH_ACTS = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python_tanh")
