@@ -14,7 +14,7 @@ from helpers import AUGREG_TINY as TINY
 from helpers import HEADER, IMNET_384, R26, R_TI, ROWS, S16, TI, TI_I1K, TI_LIGHT
 from vit_jax import checkpoint, models
 from vit_jax.tools import zoo
-from vit_jax.checkpoint import augreg
+from vit_jax.checkpoint import augreg, specs
 from vit_jax.models import timm_models  # torch before TensorFlow: see conftest.py
 
 pytestmark = pytest.mark.usefixtures("hub_offline")  # conftest.py's, for every test here.
@@ -217,7 +217,7 @@ def test_unreachable_bucket_names_the_url_and_the_fix(cache_dir, no_bucket, monk
   assert f"curl -fLo {cache_dir}/{TI}.npz https://storage.googleapis.com/vit_models/augreg/" in (
       str(e.value))
   assert os.listdir(cache_dir) == []  # No partial file.
-  assert augreg.is_spec(f"augreg:{TI}") and not augreg.is_spec(f"{TI}.npz")
+  assert specs.is_augreg(f"augreg:{TI}") and not specs.is_augreg(f"{TI}.npz")
 
 
 # The table of Hub copies, and resolving to them first.

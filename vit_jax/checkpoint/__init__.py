@@ -10,6 +10,7 @@ from vit_jax.checkpoint.npz import (POSEMB_KEY, arrays_sha256, fit_to_target, fl
                                     infer_model_config, load_npz, load_npz_flat, read_npz,
                                     resize_posemb, save_npz, unflatten)
 from vit_jax.checkpoint.run import latest_step_dir, make_meta, read_params, read_step
+from vit_jax.checkpoint import specs  # The grammar of checkpoint paths: checkpoint.specs.
 
 __all__ = [
     "CheckpointError", "Description", "arrays_sha256", "DescriptionMismatch", "Loaded", "POSEMB_KEY",

@@ -34,9 +34,8 @@ from typing import Any, Iterable, Sequence
 from etils import epath
 
 from vit_jax import models
+from vit_jax.checkpoint import specs
 
-PREFIX = "augreg:"
-HUB_PREFIX = "hf-hub:"  # `Resolved.path` of a file read from its Hub copy.
 DEFAULT_ZOO_DIR = "gs://vit_models/augreg"
 UPSTREAM_RESOLUTION = 224
 
@@ -107,11 +106,6 @@ class Resolved:
   hub_id: str | None = None  # `timm/ARCH.TAG` where the table names a Hub copy.
 
 
-def is_spec(path: str) -> bool:
-  """Whether `path` names an AugReg checkpoint (`augreg:...`) rather than a file."""
-  return isinstance(path, str) and path.startswith(PREFIX)
-
-
 def default_zoo_dir() -> str:
   return os.environ.get("VIT_JAX_AUGREG_DIR") or DEFAULT_ZOO_DIR
 
@@ -146,7 +140,8 @@ def _unreachable(url: str, dest: str, cause: Exception, fetch_hint: bool = True)
                f"--cache_dir {os.path.dirname(dest)} --zoo_dir DIR   (DIR: a local folder "
                "holding the bucket's files)")
   else:
-    how.append("A checkpoint named by its full filename (augreg:FILENAME) needs no index.")
+    how.append(f"A checkpoint named by its full filename ({specs.augreg('FILENAME')}) needs no "
+               "index.")
   if url.startswith("gs://vit_models/"):
     how.append("The bucket refuses anonymous reads since February 2026 (google-research/"
                "vision_transformer issue 321): gsutil with a Google account, or a copy of the "
@@ -514,7 +509,7 @@ def _with_hub_copy(model: str) -> str:
   names = [e["filename"] for e in _read_hub_table() if e["hub"]
            and e["filename"].split("-")[0] == model]
   return ("Or name one with a Hugging Face Hub copy:\n  " + "\n  ".join(
-      f"augreg:{n}" for n in names)) if names else f"List them with: vit-zoo list --model {model}"
+      specs.augreg(n) for n in names)) if names else f"List them with: vit-zoo list --model {model}"
 
 
 def _choose(model: str, explicit: str | None, cache_dir: str) -> tuple[str, Row | None]:
@@ -544,7 +539,7 @@ def _hub_alternatives(filename: str) -> str:
   """The Hub copies of the same model's other files of the same kind (pre-trained or
   fine-tuned), for a file that has none."""
   model, adapted = filename.split("-")[0], "--" in filename
-  others = [f"  {HUB_PREFIX}{e['hub']}   ({e['filename']})" for e in _read_hub_table()
+  others = [f"  {specs.hub(e['hub'])}   ({e['filename']})" for e in _read_hub_table()
             if e["hub"] and e["filename"].split("-")[0] == model
             and ("--" in e["filename"]) == adapted]
   return (f"\n{filename} has no Hugging Face Hub copy; these {model} files do:\n"
@@ -582,7 +577,7 @@ def resolve(spec: str, zoo_dir: str | None = None, cache_dir: str | None = None,
   cache or the user named a zoo folder (`zoo_dir`, $VIT_JAX_AUGREG_DIR); any other file to
   its .npz in the cache, copied there from the zoo folder (default: the bucket) once. A
   cached file needs no index and no network."""
-  name = spec.removeprefix(PREFIX).removesuffix(".npz")
+  name = specs.augreg_name(spec).removesuffix(".npz")
   explicit, cache_dir = _explicit_zoo(zoo_dir), _cache(cache_dir)
   model = model_key(name.split("-")[0])
   row = None
@@ -591,7 +586,7 @@ def resolve(spec: str, zoo_dir: str | None = None, cache_dir: str | None = None,
   entry = hub_entry(name)
   hub_id = entry["hub"] if entry else None
   if hub_id and not explicit and not os.path.exists(os.path.join(cache_dir, f"{name}.npz")):
-    path, source = HUB_PREFIX + hub_id, "hub"
+    path, source = specs.hub(hub_id), "hub"
   else:
     path, row = _from_zoo(name, row, explicit or default_zoo_dir(), cache_dir, progress,
                           entry is not None)

@@ -13,62 +13,41 @@ from typing import Any
 
 import numpy as np
 
-from vit_jax.checkpoint import npz, timm_layout, transformers_layout
+from vit_jax.checkpoint import npz, specs, timm_layout, transformers_layout
 from vit_jax.checkpoint.description import Description
 from vit_jax.checkpoint.errors import CheckpointError
 
-PREFIX = "hf-hub:"
 CONFIG = "config.json"
 PROCESSOR = "preprocessor_config.json"
-WEIGHTS = "model.safetensors"
-WEIGHTS_INDEX = "model.safetensors.index.json"
+WEIGHTS, WEIGHTS_INDEX = specs.HUB_WEIGHTS, specs.HUB_WEIGHTS_INDEX
 # One module per weight layout: NAME, matches(keys), to_released(arrays, config, source),
 # describe(flat, fields, config, processor, origin). The first that matches reads the file.
 LAYOUTS = (timm_layout, transformers_layout)
 
 
-def is_spec(path: Any) -> bool:
-  return isinstance(path, str) and path.startswith(PREFIX)
-
-
-def is_folder(path: Any) -> bool:
-  """A local folder laid out as a Hub repo (what `read` takes besides specs)."""
-  return isinstance(path, (str, os.PathLike)) and any(
-      os.path.isfile(os.path.join(path, f)) for f in (WEIGHTS, WEIGHTS_INDEX))
-
-
-def parse(spec: str) -> tuple[str, str | None]:
-  """`hf-hub:ORG/NAME[@REVISION]` -> (repo id, revision or None)."""
-  repo, _, revision = spec.removeprefix(PREFIX).partition("@")
-  if repo.count("/") != 1 or not all(repo.split("/")):
-    raise CheckpointError(f"{spec!r} is not a Hub checkpoint: write hf-hub:ORG/NAME[@REVISION], "
-                          "e.g. hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k.")
-  return repo, revision or None
-
-
 def _hub_error(e: Exception, repo: str, filename: str) -> CheckpointError | None:
   """One line saying what to do, for each way huggingface_hub fails; None: re-raise."""
   from huggingface_hub import constants, errors
-  page = f"https://huggingface.co/{repo}"
+  page, spec = f"https://huggingface.co/{repo}", specs.hub(repo)
   if isinstance(e, errors.GatedRepoError):
-    return CheckpointError(f"hf-hub:{repo} is gated: accept its terms at {page} while logged "
+    return CheckpointError(f"{spec} is gated: accept its terms at {page} while logged "
                            "in, then set HF_TOKEN (or run `hf auth login`) and retry.")
   if isinstance(e, errors.RepositoryNotFoundError):
-    return CheckpointError(f"hf-hub:{repo}: no such repository on the Hugging Face Hub (a "
+    return CheckpointError(f"{spec}: no such repository on the Hugging Face Hub (a "
                            "private one needs HF_TOKEN): check the name at " + page)
   if isinstance(e, errors.RevisionNotFoundError):
-    return CheckpointError(f"hf-hub:{repo}: no such revision; see {page}/tree/main for branches.")
+    return CheckpointError(f"{spec}: no such revision; see {page}/tree/main for branches.")
   if isinstance(e, (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled)):
     how = ("HF_HUB_OFFLINE is set: unset it, or download it first where the Hub is reachable "
            f"(`hf download {repo}`)" if constants.HF_HUB_OFFLINE else
            f"the Hub could not be reached: retry, or `hf download {repo}` where it can")
-    return CheckpointError(f"hf-hub:{repo}: {filename} is not in the Hugging Face cache "
+    return CheckpointError(f"{spec}: {filename} is not in the Hugging Face cache "
                            f"({constants.HF_HUB_CACHE}) and {how}.")
   if isinstance(e, errors.EntryNotFoundError):
-    return CheckpointError(f"hf-hub:{repo} has no {filename}: vit_jax reads timm's and "
+    return CheckpointError(f"{spec} has no {filename}: vit_jax reads timm's and "
                            "transformers' ViT repos holding model.safetensors and config.json.")
   if isinstance(e, errors.HfHubHTTPError):
-    return CheckpointError(f"hf-hub:{repo}: the Hub answered {e}".splitlines()[0])
+    return CheckpointError(f"{spec}: the Hub answered {e}".splitlines()[0])
   return None
 
 
@@ -102,7 +81,7 @@ def _weight_files(folder: str, get=None) -> list[str]:
 
 def fetch(spec: str) -> tuple[str, list[str]]:
   """Downloads (or finds in the cache) what `read` needs: (snapshot folder, weight files)."""
-  repo, revision = parse(spec)
+  repo, revision = specs.parse_hub(spec)
   folder = os.path.dirname(_download(repo, revision, CONFIG))
   _download(repo, revision, PROCESSOR, absent_ok=True, uncached_ok=True)
   get = lambda filename: _download(repo, revision, filename)
@@ -155,7 +134,7 @@ def _layout(arrays: dict[str, np.ndarray], origin: str):
 def read(path: str) -> tuple[dict[str, np.ndarray], Description, str]:
   """(flat original-layout arrays, the description its config files give, `path`) of a
   Hub spec or a local folder holding a Hub repo's files."""
-  if is_spec(path):
+  if specs.is_hub(path):
     folder, weights = fetch(path)
   else:
     folder = os.fspath(path)

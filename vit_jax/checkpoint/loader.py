@@ -21,7 +21,7 @@ import numpy as np
 from etils import epath
 
 from vit_jax import models
-from vit_jax.checkpoint import augreg, description as desc_lib, hub, npz, run
+from vit_jax.checkpoint import augreg, description as desc_lib, hub, npz, run, specs
 from vit_jax.checkpoint.description import Description
 from vit_jax.checkpoint.errors import CheckpointError
 from vit_jax.models import lora
@@ -95,29 +95,25 @@ def _released(flat: dict[str, np.ndarray], image_size: int | None = None,
   return desc_lib.released(fields, name, num_classes, image_size)
 
 
-# `ema:RUN`: the moving average of a run's parameters (config.ema_decay), where RUN is its
-# workdir (the latest step) or a step directory.
-EMA_PREFIX = "ema:"
-
-
 def read(path: str, base: str | None = None) -> tuple[dict[str, np.ndarray], Description, str]:
   """(flat original-layout arrays, the checkpoint's description, the file or step dir read).
   A LoRA adapters file comes merged onto its base: the checkpoint its description names, or
   `base` where that has moved; either must hold the arrays the adapters were trained on."""
-  if path.startswith(EMA_PREFIX):
-    run_dir = epath.Path(path.removeprefix(EMA_PREFIX))
+  if specs.is_ema(path):
+    run_dir = epath.Path(specs.without_ema(path))
     if not run_dir.is_dir():
-      raise CheckpointError(f"{path}: `ema:` takes a training run's workdir or step directory.")
+      raise CheckpointError(f"{path}: `{specs.EMA_PREFIX}` takes a training run's workdir or "
+                            "step directory.")
     step_dir = run.latest_step_dir(run_dir)
     flat, described = run.read_step(step_dir, ema=True)
-    return flat, described, f"{EMA_PREFIX}{step_dir}"
-  if augreg.is_spec(path):
+    return flat, described, f"{specs.EMA_PREFIX}{step_dir}"
+  if specs.is_augreg(path):
     resolved = augreg.resolve(path)
-    if hub.is_spec(resolved.path):
+    if specs.is_hub(resolved.path):
       return hub.read(resolved.path)
     flat = npz.load_npz_flat(resolved.path)
     return flat, _released(flat, resolved.image_size, resolved.model_name), resolved.path
-  if hub.is_spec(path) or hub.is_folder(path):
+  if specs.is_hub(path) or specs.is_hub_folder(path):
     return hub.read(path)
   p = epath.Path(path)
   if not p.exists():
@@ -166,8 +162,8 @@ def _on_base(adapters: dict[str, np.ndarray], described: Description, path: str,
 def export_adapters(path: str, out: str) -> Description:
   """Writes a LoRA run's adapters and head alone (what it trained, a small file) with its
   description, whose `parent` names the base checkpoint that `read` puts them on."""
-  step_dir = run.latest_step_dir(path.removeprefix(EMA_PREFIX))
-  flat, meta = run.read_params(step_dir, ema=path.startswith(EMA_PREFIX))
+  step_dir = run.latest_step_dir(specs.without_ema(path))
+  flat, meta = run.read_params(step_dir, ema=specs.is_ema(path))
   described = run.step_description(meta, int(step_dir.name))
   if not described.model.get("lora_rank"):
     raise CheckpointError(f"{path} is not a LoRA run (config.lora.rank): export it whole.")
@@ -181,8 +177,8 @@ def export_adapters(path: str, out: str) -> Description:
 def describe(path: str, base: str | None = None) -> Description:
   """The description of any checkpoint `read` takes (`base`: read's). That of a model
   `vit-export` wrote in a serving format: vit_jax.serving.formats.describe."""
-  run_dir = path.removeprefix(EMA_PREFIX)
-  if (not augreg.is_spec(path) and not hub.is_spec(path) and not hub.is_folder(path)
+  run_dir = specs.without_ema(path)
+  if (not specs.is_augreg(path) and not specs.is_hub(path) and not specs.is_hub_folder(path)
       and epath.Path(run_dir).is_dir()):  # A run: no arrays to read.
     return run.read_step_description(run.latest_step_dir(run_dir))
   return read(path, base)[1]

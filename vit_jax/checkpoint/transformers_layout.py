@@ -10,7 +10,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from vit_jax import models
-from vit_jax.checkpoint import arrays_source, description as desc_lib
+from vit_jax.checkpoint import arrays_source, description as desc_lib, specs
 from vit_jax.checkpoint.errors import CheckpointError
 from vit_jax.checkpoint.npz import POSEMB_KEY
 
@@ -88,7 +88,7 @@ def gelu(config: Mapping[str, Any], origin: str) -> str:
     return "tanh"
   if act != "gelu":
     raise CheckpointError(f"{origin}: hidden_act={act!r} is not a GELU vit_jax's ViT runs.")
-  named = (origin.removeprefix("hf-hub:"), str(config.get("_name_or_path", "")))
+  named = (origin.removeprefix(specs.HUB_PREFIX), str(config.get("_name_or_path", "")))
   return "tanh" if any(n.startswith(_JAX_TRAINED_ORGS) for n in named) else "exact"
 
 

@@ -91,17 +91,12 @@ def command(main: Callable[[list[str]], int]) -> Main:
   return wrapped
 
 
-# Checkpoint paths that name no local file (read where they are, by the library).
-_REMOTE = ("hf-hub:", "augreg:")
-
-
 def check_checkpoints(paths: Sequence[str]) -> None:
-  """Refuses a local checkpoint path that does not exist before the library loads (seconds of
-  imports); hf-hub:, augreg: and URLs (gs://) are checked where they are read."""
+  """Refuses a local checkpoint path that does not exist before the work starts; Hub and
+  AugReg specs and URLs (gs://) are checked where they are read (checkpoint/specs.py)."""
+  from vit_jax.checkpoint import specs  # Here, not on import: the package takes seconds.
   for path in paths:
-    local = path.removeprefix("ema:")
-    if path and not path.startswith(_REMOTE) and "://" not in local and not os.path.exists(
-        local):
+    if path and specs.is_local(path) and not os.path.exists(specs.without_ema(path)):
       raise FileNotFoundError(f"No checkpoint at {path}.")
 
 

@@ -121,14 +121,6 @@ def dry_run(checkpoints: list[str], task_list: list, settings: "protocol.Setting
                       if ft.lr is None else ""))
 
 
-def _shared(path: str) -> str:
-  """A path every job reads alike: a file or folder here made absolute, others (gs://,
-  augreg:NAME) as they are."""
-  prefix = "ema:" if path.startswith("ema:") else ""
-  bare = path.removeprefix(prefix)
-  return prefix + os.path.abspath(bare) if os.path.exists(bare) else path
-
-
 _FORWARDED = ("image_size", "batch_size", "steps", "warmup_steps", "lr_grid", "data_dir",
               "cpu_devices")
 
@@ -136,9 +128,10 @@ _FORWARDED = ("image_size", "batch_size", "steps", "warmup_steps", "lr_grid", "d
 def task_jobs(args: argparse.Namespace, task_names: list[str]) -> tuple[list[list[str]],
                                                                         list[str]]:
   """The arguments of one vit-transfer run per (checkpoint, task), and of the report's."""
+  from vit_jax import checkpoint
   if args.launch == "tpu_vm":
     local = [p for p in args.checkpoints + task_names + [args.out_dir]
-             if "://" not in p and os.path.exists(p.removeprefix("ema:"))]
+             if "://" not in p and os.path.exists(checkpoint.specs.without_ema(p))]
     if local or not args.out_dir.startswith("gs://"):
       raise ValueError("--launch tpu_vm: the TPU VMs share no disk with this machine: give "
                        "--out_dir gs://BUCKET/PATH, and checkpoints and image folders on "
@@ -146,7 +139,8 @@ def task_jobs(args: argparse.Namespace, task_names: list[str]) -> tuple[list[lis
                        + (f" (on this machine: {', '.join(local)})" if local else ""))
   out_dir = args.out_dir if "://" in args.out_dir else os.path.abspath(args.out_dir)
   flags = [f"--{k}={getattr(args, k)}" for k in _FORWARDED if getattr(args, k) is not None]
-  jobs = [[_shared(c), "--suite", t, "--out_dir", out_dir, *flags]
+  # Every job reads a checkpoint alike: a file or folder here as its absolute path.
+  jobs = [[checkpoint.specs.absolute(c), "--suite", t, "--out_dir", out_dir, *flags]
           for c in args.checkpoints for t in task_names]
   return jobs, ["--report_only", "--out_dir", out_dir]
 

@@ -21,7 +21,7 @@ import os
 import sys
 from typing import Any, Mapping, Sequence
 
-from vit_jax.checkpoint import augreg
+from vit_jax.checkpoint import augreg, specs
 from vit_jax.tools import cli
 
 FILTERS = ("name", "ds", "epochs", "lr", "aug", "wd", "do", "sd", "adapt_ds", "adapt_lr",
@@ -133,7 +133,7 @@ def fetch_command(args: argparse.Namespace) -> int:
     resolved = augreg.resolve(name, args.zoo_dir, args.cache_dir, progress=not args.quiet)
     path = resolved.path
     if resolved.source == "hub":
-      spec = augreg.PREFIX + name.removeprefix(augreg.PREFIX)
+      spec = specs.augreg(name)
       print(f"{resolved.filename}: downloading its copy on the Hugging Face Hub, "
             f"{resolved.hub_id}, into huggingface_hub's cache ({spec} reads it from there).",
             file=sys.stderr, flush=True)

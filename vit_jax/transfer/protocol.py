@@ -14,6 +14,7 @@ from typing import Any
 import ml_collections
 
 from vit_jax import checkpoint, configs, models
+from vit_jax.checkpoint import specs
 from vit_jax.configs import finetune
 from vit_jax.data import sources, tasks
 
@@ -71,7 +72,7 @@ def lr_grid(task: tasks.Task, settings: Settings) -> tuple[float, ...]:
 def task_dir(out_dir: str, ckpt: str, task: tasks.Task) -> str:
   """out_dir/<checkpoint's base name>-<hash of its path>/<task>: the task's runs and rows."""
   tag = hashlib.sha1(ckpt.encode()).hexdigest()[:8]
-  name = os.path.basename(ckpt.rstrip("/").removeprefix("ema:")) or "checkpoint"
+  name = os.path.basename(specs.without_ema(ckpt.rstrip("/"))) or "checkpoint"
   return os.path.join(out_dir, f"{name}-{tag}", task.name.replace("/", "_"))
 
 
