@@ -6,7 +6,11 @@ import ml_collections
 from vit_jax.config_errors import check, check_known
 
 TRAIN_CROPS = ("inception", "random_crop", "resize")
-EVAL_CROPS = ("resize", "central_crop")
+# How evaluation fits an image to image_size (preprocess.fit): resized to it; or, as timm's
+# crop_mode center / squash / border, the shorter side / both sides / the longer side resized
+# to floor(image_size / central_crop_fraction), a short side padded (letterbox), the centre
+# cut out.
+EVAL_CROPS = ("resize", "central_crop", "squash_central_crop", "letterbox_central_crop")
 ON_BAD_IMAGE = ("fail", "skip")
 RANDAUG_POLICIES = ("augreg", "paper")  # randaugment.POLICIES' keys.
 MAX_RANDAUG_MAGNITUDE = 30.0
@@ -30,7 +34,7 @@ def get_data_config() -> ml_collections.ConfigDict:
   c.inception_area = (0.05, 1.0)  # Fraction of the image an 'inception' crop covers.
   c.flip = True  # Random horizontal flips in training.
   c.eval_crop = "resize"  # One of EVAL_CROPS.
-  c.central_crop_fraction = 0.875  # 'central_crop': resize to size/fraction, crop.
+  c.central_crop_fraction = 0.875  # The *central_crop's: resize to size/fraction, crop.
   # What [0, 255] pixels map onto. None: the range config.pretrained's description records
   # (a fine-tuned model sees what it was trained on), else DEFAULT_VALUE_RANGE.
   c.value_range = ml_collections.FieldReference(None, field_type=tuple)

@@ -26,8 +26,8 @@ class Preprocessing:
   # [0, 255] maps onto (low, high). None where mean and std are given, else left out: the
   # official code's data_config.DEFAULT_VALUE_RANGE.
   value_range: tuple[float, float] | None = None
-  crop: str = "resize"  # data_config.EVAL_CROPS: 'resize' or 'central_crop'.
-  central_crop_fraction: float = 0.875  # 'central_crop': resize to size / fraction, crop.
+  crop: str = "resize"  # data_config.EVAL_CROPS: 'resize', 'central_crop', 'squash_...'.
+  central_crop_fraction: float = 0.875  # The *central_crop's: resize to size / fraction, crop.
   channels: int = 3  # The model sees RGB; grayscale images are repeated to 3 channels.
   mean: tuple[float, ...] | None = None  # Per channel, of pixels in [0, 1]; with std.
   std: tuple[float, ...] | None = None

@@ -10,6 +10,7 @@ deterministic however many threads run it. Batching first matters for small
 images, where tf.data's per-example overhead would cost more than the work.
 The other ops take one image [H, W, C] or a batch.
 """
+import math
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
@@ -41,20 +42,41 @@ def resize(images: tf.Tensor, size: int, method: str = "bilinear") -> tf.Tensor:
   return tf.image.resize(images, [size, size], method, antialias=not enlarging)
 
 
-def resize_small(image: tf.Tensor, size: int, method: str = "bilinear") -> tf.Tensor:
-  """Resizes so that the shorter side is `size`, keeping the aspect ratio."""
-  hw = tf.cast(tf.shape(image)[-3:-1], tf.float32)
-  new_hw = tf.cast(tf.round(hw * (size / tf.reduce_min(hw))), tf.int32)
-  return tf.image.resize(image, tf.maximum(new_hw, size), method, antialias=True)
+def resize_shorter_side(images: tf.Tensor, side: int, method: str = "bilinear") -> tf.Tensor:
+  """Resizes so that the shorter side is `side` and the longer side * long // short, as
+  torchvision's Resize(side) does (the longer side truncated, not rounded)."""
+  hw = tf.shape(images)[-3:-1]
+  return tf.image.resize(images, hw * side // tf.reduce_min(hw), method, antialias=True)
+
+
+def resize_longer_side(images: tf.Tensor, side: int, method: str = "bilinear") -> tf.Tensor:
+  """Resizes so that the longer side is `side`, keeping the aspect ratio, as timm's
+  ResizeKeepRatio(longest=1) does: each side / max(h / side, w / side), rounded half to even
+  in float64 (Python's round)."""
+  hw = tf.cast(tf.shape(images)[-3:-1], tf.float64)
+  ratio = tf.reduce_max(hw / side)
+  return tf.image.resize(images, tf.cast(tf.round(hw / ratio), tf.int32), method,
+                         antialias=True)
 
 
 def central_crop(images: tf.Tensor, size: int) -> tf.Tensor:
-  """The central size x size window of images at least that large."""
-  h, w = tf.shape(images)[-3], tf.shape(images)[-2]
-  top, left = (h - size) // 2, (w - size) // 2
+  """The central size x size window of images at least that large; an odd margin's offset
+  rounded half to even, as torchvision's CenterCrop (int(round(margin / 2)))."""
+  hw = tf.shape(images)[-3:-1]
+  top, left = tf.unstack(tf.cast(tf.round(tf.cast(hw - size, tf.float32) / 2), tf.int32))
   crop = images[..., top:top + size, left:left + size, :]
   crop.set_shape(images.shape[:-3] + (size, size, images.shape[-1]))
   return crop
+
+
+def pad_to(images: tf.Tensor, size: int, fill: Sequence[float]) -> tf.Tensor:
+  """Images smaller than size x size centred on a `fill` background (per channel), the odd
+  margin's extra pixel right and below, as timm's CenterCropOrPad pads; larger sides kept."""
+  margin = tf.maximum(size - tf.shape(images)[-3:-1], 0)
+  paddings = tf.stack([margin // 2, margin - margin // 2], axis=1)
+  paddings = tf.pad(paddings, [[len(images.shape) - 3, 1], [0, 0]])  # Batch and channels.
+  background = tf.pad(tf.zeros_like(images[..., :1]), paddings, constant_values=1.0)
+  return tf.pad(images, paddings) + background * tf.constant(fill, images.dtype)
 
 
 def inception_crop(images: tf.Tensor, rng: tf.Tensor, size: int,
@@ -138,17 +160,36 @@ def mixup(batch: dict[str, tf.Tensor], rng: tf.Tensor, alpha: float,
 
 
 def fit(images: tf.Tensor, size: int, preprocessing: Preprocessing) -> tf.Tensor:
-  """One image [H, W, C] or a batch at size x size as `preprocessing` fits it, with its
-  interpolation: resized, or ('central_crop') the shorter side resized to size /
-  central_crop_fraction and the centre cut out. float32 in [0, 255]: bicubic's overshoot
-  is clipped, as timm's PIL images and `serving.images`' uint8 ones are."""
-  method = preprocessing.interpolation
-  if preprocessing.crop == "central_crop":
-    images = resize_small(images, round(size / preprocessing.central_crop_fraction), method)
-    images = central_crop(images, size)
-  else:
+  """One image [H, W, C] or a batch at size x size as `preprocessing.crop` fits it, with its
+  interpolation, in the geometry of timm's `transforms_imagenet_eval`: 'resize' to size x size;
+  else resized to scale = floor(size / central_crop_fraction) ('central_crop': the shorter
+  side; 'squash_central_crop': both sides; 'letterbox_central_crop': the longer side, the
+  shorter padded to size with `_letterbox_fill`), then the centre cut out. float32 in
+  [0, 255]: bicubic's overshoot is clipped, as timm's PIL images and `serving.images`' uint8
+  ones are."""
+  method, crop = preprocessing.interpolation, preprocessing.crop
+  if crop == "resize":
     images = resize(images, size, method)
+  else:
+    scale = math.floor(size / preprocessing.central_crop_fraction)
+    if crop == "central_crop":
+      images = resize_shorter_side(images, scale, method)
+    elif crop == "squash_central_crop":
+      images = resize(images, scale, method)
+    else:
+      images = pad_to(resize_longer_side(images, scale, method), size,
+                      _letterbox_fill(preprocessing))
+    images = central_crop(images, size)
   return tf.clip_by_value(images, 0.0, 255.0) if method == "bicubic" else images
+
+
+def _letterbox_fill(preprocessing: Preprocessing) -> tuple[int, ...]:
+  """The pixel 'letterbox_central_crop' pads with: the one the model sees as (about) zero,
+  round(255 * mean) per channel as timm fills, or the one the value range maps to 0."""
+  if preprocessing.mean is not None:
+    return tuple(round(255 * m) for m in preprocessing.mean)
+  low, high = preprocessing.value_range
+  return (round(255 * -low / (high - low)),) * preprocessing.channels
 
 
 def affine_map(images: tf.Tensor, preprocessing: Preprocessing) -> tf.Tensor:
@@ -164,11 +205,11 @@ def apply_preprocessing(images: tf.Tensor, preprocessing: Preprocessing,
   """The model's input from decoded images (uint8, one [H, W, C] or a batch), as
   `preprocessing` says: the one function evaluation, serving and the notebooks apply.
 
-  `size`: fitted to size x size (`fit`); None: images already at the model's resolution
-  (the serving signature's input). Then grayscale to RGB and the affine map; without
+  Grayscale to RGB; `size`: fitted to size x size (`fit`), None: images already at the model's
+  resolution (the serving signature's input); then the affine map. Without
   `normalise`, float32 pixels in [0, 255] (to be stored as uint8, as `serving.images` does).
   """
+  images = gray_to_rgb(images)  # First: a letterbox is padded in colour.
   if size is not None:
     images = fit(images, size, preprocessing)
-  images = gray_to_rgb(images)
   return affine_map(images, preprocessing) if normalise else tf.cast(images, tf.float32)

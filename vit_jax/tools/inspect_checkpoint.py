@@ -164,12 +164,18 @@ def _head_lines(r: dict[str, Any]) -> list[tuple[str, str]]:
   return lines
 
 
+# Preprocessing.crop in words ({} is central_crop_fraction).
+_CROP_WORDS = {"resize": "resized",
+               "central_crop": "shorter side to floor(size / {:g}), central crop",
+               "squash_central_crop": "both sides to floor(size / {:g}), central crop",
+               "letterbox_central_crop": "longer side to floor(size / {:g}), padded, central crop"}
+
+
 def _description_lines(d: dict[str, Any]) -> list[tuple[str, str]]:
   """What the checkpoint records about its input, classes and origin."""
   pre, assumed = checkpoint.Preprocessing(**d["preprocessing"]), set(d["assumed"])
   note = lambda field: " (assumed: the file does not record it)" if field in assumed else ""  # noqa: E731
-  crop = (f"shorter side to size / {pre.central_crop_fraction:g}, central crop"
-          if pre.crop == "central_crop" else "resized")
+  crop = _CROP_WORDS[pre.crop].format(pre.central_crop_fraction)
   crop += f" ({pre.interpolation})" if pre.interpolation != "bilinear" else ""
   rows = [("input", f"{d['image_size']} px RGB, {crop}; {pre.normalisation()}"
            + note("preprocessing"))]
