@@ -17,6 +17,7 @@ import pytest
 
 from helpers import REPO, SIZE, TIMM, cpu_env, perturbed, timm_repo, write_repo
 from vit_jax import checkpoint
+from vit_jax.checkpoint import layouts
 from vit_jax.models import timm_models
 from vit_jax.tools import inspect_checkpoint as inspect_cli
 
@@ -145,6 +146,25 @@ def test_unknown_arrays_are_refused_by_name(capsys, tmp_path, hub_cache):
   save_file(arrays | {"blocks.0.attn.extra.weight": np.ones((2, 2), np.float32)},
             folder / "model.safetensors")
   assert_one_line_error(capsys, [str(folder)], "blocks.0.attn.extra.weight", "Nothing was loaded")
+
+
+def test_every_layout_keeps_the_contract():
+  """Each row of the table holds what hub.read calls (layouts/__init__.py's contract)."""
+  import inspect
+  names = [m.NAME for m in layouts.LAYOUTS]
+  assert len(set(names)) == len(names) and all(isinstance(n, str) and n for n in names)
+  for m in layouts.LAYOUTS:
+    assert list(inspect.signature(m.matches).parameters) == ["keys"], m.__name__
+    assert list(inspect.signature(m.to_released).parameters) == ["arrays", "config", "source"]
+    assert list(inspect.signature(m.describe).parameters) == [
+        "flat", "fields", "config", "processor", "origin"], m.__name__
+
+
+def test_arrays_of_no_layout_are_refused_naming_the_layouts(capsys, tmp_path):
+  from safetensors.numpy import save_file
+  save_file({"encoder.weight": np.ones((2, 2), np.float32)}, tmp_path / "model.safetensors")
+  assert_one_line_error(capsys, [str(tmp_path)], "none of the layouts", "encoder.weight",
+                        *(m.NAME for m in layouts.LAYOUTS))
 
 
 class _Hub(http.server.BaseHTTPRequestHandler):

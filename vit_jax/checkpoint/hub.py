@@ -4,8 +4,9 @@ index), `preprocessor_config.json` where transformers wrote one.
 
 huggingface_hub downloads them, with its own cache and settings (`HF_HOME`, `HF_HUB_CACHE`,
 `HF_HUB_OFFLINE`, `HF_TOKEN` for gated repos); safetensors' numpy reader opens them (no
-torch). The layout is told from the arrays' names (`LAYOUTS`: timm's ViT, transformers' ViT),
-converted in memory to the released one, and described from the repo's config files.
+torch). The layout is told from the arrays' names (`layouts.LAYOUTS`: timm's ViT,
+transformers' ViT), converted in memory to the released one, and described from the repo's
+config files.
 """
 import json
 import os
@@ -13,16 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from vit_jax.checkpoint import npz, specs, timm_layout, transformers_layout
+from vit_jax.checkpoint import layouts, npz, specs
 from vit_jax.checkpoint.description import Description
 from vit_jax.checkpoint.errors import CheckpointError
 
 CONFIG = "config.json"
 PROCESSOR = "preprocessor_config.json"
-WEIGHTS, WEIGHTS_INDEX = specs.HUB_WEIGHTS, specs.HUB_WEIGHTS_INDEX
-# One module per weight layout: NAME, matches(keys), to_released(arrays, config, source),
-# describe(flat, fields, config, processor, origin). The first that matches reads the file.
-LAYOUTS = (timm_layout, transformers_layout)
 
 
 def _hub_error(e: Exception, repo: str, filename: str) -> CheckpointError | None:
@@ -72,9 +69,9 @@ def _download(repo: str, revision: str | None, filename: str, absent_ok: bool = 
 
 def _weight_files(folder: str, get=None) -> list[str]:
   """model.safetensors, or the shards its index names (each fetched with `get` if given)."""
-  if os.path.isfile(os.path.join(folder, WEIGHTS)):
-    return [os.path.join(folder, WEIGHTS)]
-  with open(os.path.join(folder, WEIGHTS_INDEX), encoding="utf-8") as f:
+  if os.path.isfile(os.path.join(folder, specs.HUB_WEIGHTS)):
+    return [os.path.join(folder, specs.HUB_WEIGHTS)]
+  with open(os.path.join(folder, specs.HUB_WEIGHTS_INDEX), encoding="utf-8") as f:
     shards = sorted(set(json.load(f)["weight_map"].values()))
   return [get(s) if get else os.path.join(folder, s) for s in shards]
 
@@ -85,13 +82,13 @@ def fetch(spec: str) -> tuple[str, list[str]]:
   folder = os.path.dirname(_download(repo, revision, CONFIG))
   _download(repo, revision, PROCESSOR, absent_ok=True, uncached_ok=True)
   get = lambda filename: _download(repo, revision, filename)
-  if any(os.path.isfile(os.path.join(folder, f)) for f in (WEIGHTS, WEIGHTS_INDEX)):
+  if specs.is_hub_folder(folder):
     return folder, _weight_files(folder, get)
-  if _download(repo, revision, WEIGHTS, absent_ok=True):
-    return folder, [os.path.join(folder, WEIGHTS)]
-  if _download(repo, revision, WEIGHTS_INDEX, absent_ok=True) is None:
-    raise CheckpointError(f"{spec} holds no {WEIGHTS} (nor a sharded index): vit_jax reads "
-                          "safetensors weights; a repo with pytorch_model.bin only needs "
+  if _download(repo, revision, specs.HUB_WEIGHTS, absent_ok=True):
+    return folder, [os.path.join(folder, specs.HUB_WEIGHTS)]
+  if _download(repo, revision, specs.HUB_WEIGHTS_INDEX, absent_ok=True) is None:
+    raise CheckpointError(f"{spec} holds no {specs.HUB_WEIGHTS} (nor a sharded index): vit_jax "
+                          "reads safetensors weights; a repo with pytorch_model.bin only needs "
                           "converting first.")
   return folder, _weight_files(folder, get)
 
@@ -122,15 +119,6 @@ def read_arrays(files: list[str]) -> dict[str, np.ndarray]:
   return arrays
 
 
-def _layout(arrays: dict[str, np.ndarray], origin: str):
-  layout = next((m for m in LAYOUTS if m.matches(arrays)), None)
-  if layout is None:
-    sample = ", ".join(sorted(arrays)[:4])
-    raise CheckpointError(f"{origin} is in none of the layouts vit_jax reads "
-                          f"({', '.join(m.NAME for m in LAYOUTS)} ViTs); its arrays: {sample}, ...")
-  return layout
-
-
 def read(path: str) -> tuple[dict[str, np.ndarray], Description, str]:
   """(flat original-layout arrays, the description its config files give, `path`) of a
   Hub spec or a local folder holding a Hub repo's files."""
@@ -142,7 +130,7 @@ def read(path: str) -> tuple[dict[str, np.ndarray], Description, str]:
   config = _json(os.path.join(folder, CONFIG))
   processor = _json(os.path.join(folder, PROCESSOR))
   arrays = read_arrays(weights)
-  layout = _layout(arrays, path)
+  layout = layouts.find(arrays, path)
   flat = layout.to_released(arrays, config, path)
   fields = npz.infer_model_config(flat)
   return flat, layout.describe(flat, fields, config, processor, path), str(path)

@@ -14,20 +14,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from vit_jax import models
-from vit_jax.checkpoint import arrays_source, description as desc_lib
+from vit_jax.checkpoint import description as desc_lib
 from vit_jax.checkpoint.errors import CheckpointError
+from vit_jax.checkpoint.layouts import arrays_source, repo_config
 from vit_jax.checkpoint.npz import POSEMB_KEY
 
 NAME = "timm"
-# Pretrained tags of weights trained by Google in JAX, whose GELU was flax's tanh form;
-# timm runs every ViT with the exact GELU unless its config names another.
-_TANH_TAGS = ("augreg_in21k", "augreg_in21k_ft_in1k", "augreg_in1k", "orig_in21k",
-              "orig_in21k_ft_in1k", "sam_in1k", "webli", "v2_webli")
-# timm's defaults where a pretrained_cfg leaves them out.
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-# Heads of timm's ViT widths whose head size is not 64 (ViT-H, -g, SigLIP's So400m).
-_HEADS_OF_WIDTH = {1152: 16, 1280: 16, 1408: 16}
 # Arrays timm models hold that this ViT has no place for: the reason, said once.
 _UNSUPPORTED = {
     r"\.ls[12]\.gamma$": "LayerScale (blocks.N.ls1.gamma / ls2.gamma)",
@@ -41,10 +33,6 @@ def matches(keys: Any) -> bool:
   return "patch_embed.proj.weight" in keys and "blocks.0.attn.qkv.weight" in keys
 
 
-def _conv(w: np.ndarray) -> np.ndarray:
-  return w.transpose(2, 3, 1, 0)  # (out, in, h, w) -> (h, w, in, out).
-
-
 def _refuse_unsupported(keys: Any, source: str) -> None:
   for pattern, what in _UNSUPPORTED.items():
     found = sorted(k for k in keys if re.search(pattern, k))
@@ -54,26 +42,11 @@ def _refuse_unsupported(keys: Any, source: str) -> None:
           "ViT does not have: it cannot be loaded without changing its outputs.")
 
 
-def num_heads(config: Mapping[str, Any], width: int, mlp: int, layers: int, patch: int) -> int:
-  """The head count, which the arrays do not show: the config's, the registry's, or timm's."""
-  heads = (config.get("model_args") or {}).get("num_heads")
-  if heads:
-    return int(heads)
-  fields = dict(patch_size=patch, hidden_size=width, mlp_dim=mlp, num_layers=layers)
-  for named in models.MODEL_CONFIGS.values():
-    if all(named[k] == v for k, v in fields.items()) and named.get("resnet_layers") is None:
-      return named["num_heads"]
-  if width in _HEADS_OF_WIDTH or width % 64 == 0:
-    return _HEADS_OF_WIDTH.get(width, width // 64)
-  raise CheckpointError(f"Cannot tell the number of attention heads of a width-{width} ViT: "
-                        "its config.json names none (model_args.num_heads).")
-
-
 def _backbone(src: arrays_source.Source) -> dict[str, np.ndarray]:
   """The hybrids' ResNet-v2 stem (timm's ResNetV2 with StdConv: weights as stored)."""
   b, out = "patch_embed.backbone.", {}
   stem = b + "stem." if src.has(b + "stem.conv.weight") else b  # Stem-only: R+ViT-Ti_16.
-  out["conv_root/kernel"] = _conv(src.take(stem + "conv.weight"))
+  out["conv_root/kernel"] = src.conv(stem + "conv.weight")
   out["gn_root/scale"], out["gn_root/bias"] = src.take_pair(stem + "norm")
   i = 0
   while src.has(f"{b}stages.{i}.blocks.0.conv1.weight"):
@@ -81,10 +54,10 @@ def _backbone(src: arrays_source.Source) -> dict[str, np.ndarray]:
     while src.has(f"{b}stages.{i}.blocks.{j}.conv1.weight"):
       p, q = f"{b}stages.{i}.blocks.{j}.", f"block{i + 1}/unit{j + 1}/"
       for r in (1, 2, 3):
-        out[q + f"conv{r}/kernel"] = _conv(src.take(p + f"conv{r}.weight"))
+        out[q + f"conv{r}/kernel"] = src.conv(p + f"conv{r}.weight")
         out[q + f"gn{r}/scale"], out[q + f"gn{r}/bias"] = src.take_pair(p + f"norm{r}")
       if src.has(p + "downsample.conv.weight"):
-        out[q + "conv_proj/kernel"] = _conv(src.take(p + "downsample.conv.weight"))
+        out[q + "conv_proj/kernel"] = src.conv(p + "downsample.conv.weight")
         out[q + "gn_proj/scale"], out[q + "gn_proj/bias"] = src.take_pair(p + "downsample.norm")
       j += 1
     i += 1
@@ -189,13 +162,13 @@ def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
   src = arrays_source.Source(arrays, source)
   _check_pooling(config, src)
   out = _backbone(src) if any(k.startswith("patch_embed.backbone.") for k in arrays) else {}
-  out["embedding/kernel"] = _conv(src.take("patch_embed.proj.weight"))
+  out["embedding/kernel"] = src.conv("patch_embed.proj.weight")
   out["embedding/bias"] = src.take("patch_embed.proj.bias")
   out |= _tokens(src)
   fc1 = arrays["blocks.0.mlp.fc1.weight"]
   layers = len({k.split(".")[1] for k in arrays if k.startswith("blocks.")})
-  heads = num_heads(config, fc1.shape[1], fc1.shape[0], layers,
-                    out["embedding/kernel"].shape[0])
+  heads = repo_config.timm_num_heads(config, fc1.shape[1], fc1.shape[0], layers,
+                                     out["embedding/kernel"].shape[0])
   out |= _blocks(src, heads)
   for name, key in (("norm", "Transformer/encoder_norm"), ("fc_norm", "fc_norm")):
     if src.has(name + ".weight"):
@@ -209,39 +182,9 @@ def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
   return out
 
 
-def gelu(config: Mapping[str, Any]) -> str:
-  """"tanh" for weights trained with it (Google's JAX-trained tags, SigLIP; or the config's
-  act_layer), else "exact", timm's own."""
-  act = (config.get("model_args") or {}).get("act_layer")
-  if act:
-    return "tanh" if "tanh" in str(act) else "exact"
-  tag = (config.get("pretrained_cfg") or {}).get("tag") or ""
-  return "tanh" if tag in _TANH_TAGS or "siglip" in config.get("architecture", "") else "exact"
-
-
-def preprocessing(config: Mapping[str, Any]) -> desc_lib.Preprocessing:
-  """timm's pretrained_cfg: mean, std, interpolation, crop_pct / crop_mode."""
-  cfg = config.get("pretrained_cfg") or {}
-  crop_pct = float(cfg.get("crop_pct") or 1.0)
-  squash = cfg.get("crop_mode", "center") == "squash"
-  return desc_lib.Preprocessing(
-      mean=tuple(float(v) for v in cfg.get("mean", IMAGENET_MEAN)),
-      std=tuple(float(v) for v in cfg.get("std", IMAGENET_STD)),
-      interpolation="bilinear" if cfg.get("interpolation") == "bilinear" else "bicubic",
-      crop="resize" if squash else "central_crop", central_crop_fraction=crop_pct)
-
-
 def describe(flat: Mapping[str, np.ndarray], fields: dict[str, Any], config: Mapping[str, Any],
              processor: Mapping[str, Any], origin: str) -> desc_lib.Description:
   """The description timm's config.json gives: resolution, preprocessing, classes, GELU
   (timm repos have no preprocessor_config; the origin changes nothing)."""
   del processor, origin
-  cfg = config.get("pretrained_cfg") or {}
-  num_classes = flat["head/kernel"].shape[-1] if "head/kernel" in flat else None
-  names = config.get("label_names") or cfg.get("label_names") or ()
-  size = (cfg.get("input_size") or [desc_lib.DEFAULT_IMAGE_SIZE])[-1]
-  fields = fields | {"gelu": gelu(config)}
-  return desc_lib.Description(
-      model=fields, model_name=models.registry.match_name(fields), num_classes=num_classes,
-      image_size=int(size), preprocessing=preprocessing(config),
-      class_names=tuple(names) if num_classes and len(names) == num_classes else ())
+  return repo_config.timm_description(flat, fields, config, repo_config.timm_gelu(config))

@@ -1,5 +1,6 @@
 """A checkpoint's arrays taken by name, each once, so that a layout reader can refuse, by
-name, every array it did not use: no weight is dropped without a word."""
+name, every array it did not use: no weight is dropped without a word. torch's shapes of a
+Linear and a Conv2d come out in flax's."""
 from typing import Any, Mapping
 
 import numpy as np
@@ -28,6 +29,10 @@ class Source:
   def take_pair(self, prefix: str) -> tuple[np.ndarray, np.ndarray]:
     """A norm's (weight, bias) as (scale, bias)."""
     return self.take(prefix + ".weight"), self.take(prefix + ".bias")
+
+  def conv(self, key: str) -> np.ndarray:
+    """A torch Conv2d weight (out, in, h, w) as a flax kernel (h, w, in, out)."""
+    return self.take(key).transpose(2, 3, 1, 0)
 
   def linear(self, prefix: str, to: str) -> dict[str, np.ndarray]:
     """A torch Linear (weight (out, in), bias) as a flax Dense's `to`kernel (in, out), bias."""

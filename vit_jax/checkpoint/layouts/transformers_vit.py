@@ -10,16 +10,15 @@ from typing import Any, Mapping
 import numpy as np
 
 from vit_jax import models
-from vit_jax.checkpoint import arrays_source, description as desc_lib, specs
+from vit_jax.checkpoint import description as desc_lib, specs
 from vit_jax.checkpoint.errors import CheckpointError
+from vit_jax.checkpoint.layouts import arrays_source, repo_config
 from vit_jax.checkpoint.npz import POSEMB_KEY
 
 NAME = "transformers"
 _TANH_ACTS = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python_tanh")
 # Organisations whose transformers ViTs are conversions of JAX-trained (tanh GELU) weights.
 _JAX_TRAINED_ORGS = ("google/",)
-# transformers' resample codes (PIL's): 2 bilinear, 3 bicubic.
-_RESAMPLE = {2: "bilinear", 3: "bicubic"}
 
 
 def matches(keys: Any) -> bool:
@@ -63,7 +62,7 @@ def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
   if not heads:
     raise CheckpointError(f"{source}: its config.json names no num_attention_heads.")
   e, out = "embeddings.", {}
-  out["embedding/kernel"] = src.take(e + "patch_embeddings.projection.weight").transpose(2, 3, 1, 0)
+  out["embedding/kernel"] = src.conv(e + "patch_embeddings.projection.weight")
   out["embedding/bias"] = src.take(e + "patch_embeddings.projection.bias")
   out["cls"] = src.take(e + "cls_token")
   out[POSEMB_KEY] = src.take(e + "position_embeddings")
@@ -92,31 +91,13 @@ def gelu(config: Mapping[str, Any], origin: str) -> str:
   return "tanh" if any(n.startswith(_JAX_TRAINED_ORGS) for n in named) else "exact"
 
 
-def preprocessing(processor: Mapping[str, Any]) -> desc_lib.Preprocessing:
-  """preprocessor_config.json: ViTImageProcessor resizes to `size` (no crop) and normalises."""
-  mean = processor.get("image_mean", (0.5, 0.5, 0.5))
-  std = processor.get("image_std", (0.5, 0.5, 0.5))
-  if not processor.get("do_normalize", True):
-    mean, std = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
-  return desc_lib.Preprocessing(
-      mean=tuple(float(v) for v in mean), std=tuple(float(v) for v in std), crop="resize",
-      interpolation=_RESAMPLE.get(processor.get("resample", 2), "bilinear"))
-
-
-def _class_names(config: Mapping[str, Any], num_classes: int | None) -> tuple[str, ...]:
-  labels = {int(k): v for k, v in (config.get("id2label") or {}).items()}
-  if not num_classes or len(labels) != num_classes:
-    return ()
-  names = tuple(labels[i] for i in range(num_classes))
-  return () if all(n == f"LABEL_{i}" for i, n in enumerate(names)) else names
-
-
 def describe(flat: Mapping[str, np.ndarray], fields: dict[str, Any], config: Mapping[str, Any],
              processor: Mapping[str, Any], origin: str) -> desc_lib.Description:
   """The description transformers' config.json and preprocessor_config.json give."""
-  num_classes = flat["head/kernel"].shape[-1] if "head/kernel" in flat else None
+  num_classes = repo_config.num_classes(flat)
   fields = fields | {"gelu": gelu(config, origin)}
   return desc_lib.Description(
       model=fields, model_name=models.registry.match_name(fields), num_classes=num_classes,
       image_size=int(config.get("image_size", desc_lib.DEFAULT_IMAGE_SIZE)),
-      preprocessing=preprocessing(processor), class_names=_class_names(config, num_classes))
+      preprocessing=repo_config.processor_preprocessing(processor),
+      class_names=repo_config.id2label_names(config, num_classes))
