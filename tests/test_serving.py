@@ -84,10 +84,7 @@ def test_onnx_segment_prod_leaves_out_negative_ids(tmp_path):
   model = tf.lite.TFLiteConverter.from_concrete_functions(
       [target_shape.get_concrete_function()], target_shape).convert()
   (tmp_path / "seg.tflite").write_bytes(model)
-  from tf2onnx import convert as tf2onnx_convert
-  proto, _ = tf2onnx_convert.from_tflite(
-      str(tmp_path / "seg.tflite"), opset=onnx.OPSET,
-      custom_op_handlers={"UnsortedSegmentProd": (onnx._unsorted_segment_prod, [])})
+  proto = onnx.tflite_to_onnx(str(tmp_path / "seg.tflite"))
   import onnxruntime as ort
   session = ort.InferenceSession(proto.SerializeToString())
   x = np.zeros((7, 17, 32), np.float32)

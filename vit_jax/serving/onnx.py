@@ -14,6 +14,7 @@ description is the model's `metadata_props` entry named formats.METADATA_NAME. O
 """
 import importlib
 import os
+from unittest import mock
 
 import numpy as np
 
@@ -88,15 +89,24 @@ def _unsorted_segment_prod(ctx, node, name, args) -> None:
                          name=name, shapes=shapes, dtypes=[dtype])
 
 
+def tflite_to_onnx(tflite_file: str, opset: int = OPSET):
+  """tf2onnx's ONNX model (onnx.ModelProto) of `tflite_file`, UnsortedSegmentProd converted
+  by `_unsorted_segment_prod`. tf2onnx reads the tensors' shapes with tf.lite.Interpreter,
+  deprecated since TensorFlow 2.20: it is handed LiteRT's, the same API, meanwhile."""
+  convert = _require("tf2onnx.convert")
+  import tensorflow as tf
+  with mock.patch.object(tf.lite, "Interpreter", tflite.litert("interpreter").Interpreter):
+    model, _ = convert.from_tflite(
+        tflite_file, opset=opset,
+        custom_op_handlers={"UnsortedSegmentProd": (_unsorted_segment_prod, [])})
+  return model
+
+
 def from_tflite(tflite_file: str, out_file: str, description: Description | None = None,
                 opset: int = OPSET) -> str:
   """Converts `tflite_file` (float32, from `tflite.from_savedmodel`) to `out_file`, with
   `description` in its metadata."""
-  onnx, convert = _require("onnx"), _require("tf2onnx.convert")
-  with tflite.fallback_chosen():
-    model, _ = convert.from_tflite(
-        tflite_file, opset=opset,
-        custom_op_handlers={"UnsortedSegmentProd": (_unsorted_segment_prod, [])})
+  onnx, model = _require("onnx"), tflite_to_onnx(tflite_file, opset)
   _rename(model.graph, _signature_names(tflite_file))
   missing = {savedmodel.INPUT, *savedmodel.OUTPUTS} - {
       v.name for v in list(model.graph.input) + list(model.graph.output)}

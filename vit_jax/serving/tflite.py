@@ -1,15 +1,14 @@
-"""A SavedModel of `savedmodel` as a float32 TFLite model, and the interpreter to run it.
+"""A SavedModel of `savedmodel` as a float32 TFLite model, and LiteRT's interpreter to run it.
 
-TensorFlow's converter deserializes the StableHLO inside jax2tf's `XlaCallModule` and
-lowers it to TFLite builtin ops (no Flex/select TF ops); the serving signature keeps its
-names (`images` -> `logits`, `top5`) and a dynamic batch size. The description is a
-metadata entry of the flatbuffer (`Model.metadata`, named formats.METADATA_NAME), which
-interpreters ignore. One format of `formats`.
+TensorFlow's converter (LiteRT has none in Python) deserializes the StableHLO inside jax2tf's
+`XlaCallModule` and lowers it to TFLite builtin ops (no Flex/select TF ops); the serving
+signature keeps its names (`images` -> `logits`, `top5`) and a dynamic batch size. The
+description is a metadata entry of the flatbuffer (`Model.metadata`, named
+formats.METADATA_NAME), which interpreters ignore. Everything else, the flatbuffer's schema
+and the interpreter, is LiteRT's (`ai-edge-litert`, the export extra): TensorFlow's
+`tf.lite.Interpreter` is deprecated. One format of `formats`.
 """
-import contextlib
-import os
-import warnings
-from collections.abc import Iterator
+import importlib
 
 from etils import epath, epy
 
@@ -19,8 +18,15 @@ from vit_jax.serving import formats, savedmodel
 
 with epy.lazy_imports():
   import tensorflow as tf
-  from tensorflow.lite.python import schema_py_generated as schema
-  from tensorflow.lite.tools import flatbuffer_utils
+
+
+def litert(module: str):
+  """`ai_edge_litert.<module>`, or ImportError saying how to install it."""
+  try:
+    return importlib.import_module(f"ai_edge_litert.{module}")
+  except ImportError as e:
+    raise ImportError("TFLite models are written and run with LiteRT: "
+                      "pip install 'vit_jax[export]'.") from e
 
 
 def holds(path: str) -> bool:
@@ -45,6 +51,7 @@ def write(loaded: checkpoint.Loaded, out: str, scratch: str, **kwargs) -> None:
 
 def write_description(tflite_file: str, description: Description) -> None:
   """Adds the description to the model's metadata, in place."""
+  schema, flatbuffer_utils = litert("schema_py_generated"), litert("tools.flatbuffer_utils")
   model = flatbuffer_utils.read_model(tflite_file)
   buffer = schema.BufferT()
   buffer.data = list(description.to_json().encode())
@@ -58,6 +65,7 @@ def write_description(tflite_file: str, description: Description) -> None:
 
 
 def read_description(path: str) -> str | None:
+  schema = litert("schema_py_generated")
   model = schema.Model.GetRootAsModel(epath.Path(path).read_bytes(), 0)
   for i in range(model.MetadataLength()):
     entry = model.Metadata(i)
@@ -67,23 +75,8 @@ def read_description(path: str) -> str | None:
 
 
 def interpreter(model_path: str, num_threads: int | None = None):
-  """A TFLite interpreter: LiteRT's (ai-edge-litert, the export extra), else TensorFlow's
-  own (deprecated since TF 2.20, still in 2.21)."""
-  try:
-    from ai_edge_litert.interpreter import Interpreter
-  except ImportError:
-    Interpreter = tf.lite.Interpreter  # noqa: N806
-  with fallback_chosen():
-    return Interpreter(model_path=model_path, num_threads=num_threads)
-
-
-@contextlib.contextmanager
-def fallback_chosen() -> Iterator[None]:
-  """Silences TensorFlow's deprecation notice of its own interpreter (the fallback above, and
-  what tf2onnx reads a TFLite model with): a choice made, not news to the user."""
-  with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", ".*tf.lite.Interpreter is deprecated", UserWarning)
-    yield
+  """LiteRT's interpreter of the model (tf.lite.Interpreter's API)."""
+  return litert("interpreter").Interpreter(model_path=model_path, num_threads=num_threads)
 
 
 def signature_runner(model_path: str, num_threads: int | None = None):
