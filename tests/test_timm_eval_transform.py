@@ -1,13 +1,15 @@
-"""The evaluation's fit to the model's resolution (`preprocess.fit`) against timm's own eval
-transform (`timm.data.create_transform` of `resolve_data_config(pretrained_cfg)`) for each
-crop_mode and crop_pct, on odd image sizes: the same resized sizes, crop offsets and padding
-exactly, and the same pixels within what the two resize kernels (TensorFlow's, PIL's) leave."""
+"""The evaluation's fit to the model's resolution (`preprocess.fit`, with the Preprocessing a
+timm checkpoint's description gets from its pretrained_cfg) against timm's own eval transform
+(`timm.data.create_transform` of `resolve_data_config(pretrained_cfg)`) for each crop_mode and
+crop_pct, on odd image sizes: the same resized sizes, crop offsets and padding exactly, and
+the same pixels within what the two resize kernels (TensorFlow's, PIL's) leave."""
 import math
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from vit_jax.checkpoint.layouts import repo_config
 from vit_jax.data import preprocess as pp
 from vit_jax.models import timm_models
 
@@ -21,9 +23,6 @@ SIZE = 224
 IMAGE_SIZES = [(333, 517), (517, 333), (225, 225), (97, 301)]
 CROP_PCTS = [0.875, 0.9, 0.95, 1.0]
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-# timm's crop_mode -> Preprocessing.crop.
-CROPS = {"center": "central_crop", "squash": "squash_central_crop",
-         "border": "letterbox_central_crop"}
 
 
 def _hw(image: tf.Tensor) -> tuple[int, int]:
@@ -78,20 +77,20 @@ TOLERANCE = {"bilinear": 1.01, "bicubic": 1.25}
 
 
 @pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
-@pytest.mark.parametrize("crop_mode", list(CROPS))
+@pytest.mark.parametrize("crop_mode", ["center", "squash", "border", None])
 def test_eval_pixels_are_timms(crop_mode, interpolation):
+  """None: crop_mode or crop_pct left out of the pretrained_cfg, timm's defaults."""
   rng = np.random.default_rng(0)
   for h, w in IMAGE_SIZES:
     image = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
     if interpolation == "bicubic":  # Smooth: noise 8x enlarged.
       coarse = rng.integers(0, 256, (h // 8 + 2, w // 8 + 2, 3), dtype=np.uint8)
       image = np.asarray(Image.fromarray(coarse).resize((w, h), Image.BILINEAR))
-    for crop_pct in CROP_PCTS:
+    for crop_pct in CROP_PCTS + [None]:
       cfg = dict(input_size=(3, SIZE, SIZE), crop_pct=crop_pct, crop_mode=crop_mode,
                  interpolation=interpolation, mean=MEAN, std=STD)
-      preprocessing = pp.Preprocessing(mean=MEAN, std=STD, crop=CROPS[crop_mode],
-                                       central_crop_fraction=crop_pct,
-                                       interpolation=interpolation)
+      cfg = {k: v for k, v in cfg.items() if v is not None}
+      preprocessing = repo_config.timm_preprocessing({"pretrained_cfg": cfg})
       ours = pp.apply_preprocessing(tf.constant(image), preprocessing, SIZE, normalise=False)
       np.testing.assert_allclose(ours, _timm_pixels(image, cfg), rtol=0,
                                  atol=TOLERANCE[interpolation], err_msg=f"{(h, w)} {crop_pct}")

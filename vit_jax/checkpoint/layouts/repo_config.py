@@ -16,6 +16,10 @@ _TANH_TAGS = ("augreg_in21k", "augreg_in21k_ft_in1k", "augreg_in1k", "orig_in21k
               "orig_in21k_ft_in1k", "sam_in1k", "webli", "v2_webli")
 # timm's defaults where a pretrained_cfg leaves them out.
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+_DEFAULT_CROP_PCT = 0.875
+# timm's crop_mode (any other: 'center') -> Preprocessing.crop, which preprocess.fit applies
+# in the geometry of timm's eval transform.
+_TIMM_CROPS = {"squash": "squash_central_crop", "border": "letterbox_central_crop"}
 # Heads of timm's ViT widths whose head size is not 64 (ViT-H, -g, SigLIP's So400m).
 _HEADS_OF_WIDTH = {1152: 16, 1280: 16, 1408: 16}
 # transformers' resample codes (PIL's): 2 bilinear, 3 bicubic.
@@ -55,13 +59,12 @@ def timm_gelu(config: Mapping[str, Any]) -> str:
 def timm_preprocessing(config: Mapping[str, Any]) -> desc_lib.Preprocessing:
   """timm's pretrained_cfg: mean, std, interpolation, crop_pct / crop_mode."""
   cfg = config.get("pretrained_cfg") or {}
-  crop_pct = float(cfg.get("crop_pct") or 1.0)
-  squash = cfg.get("crop_mode", "center") == "squash"
   return desc_lib.Preprocessing(
       mean=tuple(float(v) for v in cfg.get("mean", IMAGENET_MEAN)),
       std=tuple(float(v) for v in cfg.get("std", IMAGENET_STD)),
       interpolation="bilinear" if cfg.get("interpolation") == "bilinear" else "bicubic",
-      crop="resize" if squash else "central_crop", central_crop_fraction=crop_pct)
+      crop=_TIMM_CROPS.get(cfg.get("crop_mode"), "central_crop"),
+      central_crop_fraction=float(cfg.get("crop_pct") or _DEFAULT_CROP_PCT))
 
 
 def timm_description(flat: Mapping[str, np.ndarray], fields: dict[str, Any],
