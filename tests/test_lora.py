@@ -37,6 +37,20 @@ def test_an_adapted_model_computes_its_merged_kernels():
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
 
 
+def test_a_lora_checkpoint_merges_to_the_plain_vit():
+  """`merged`, as the checkpoint readers apply it: adapters folded, the LoRA fields gone."""
+  assert lora.FIELDS == models.registry.fields_of(models.Role.LORA)
+  model = models.create_model("ViT-Ti_16", num_classes=5, **TINY_VIT, **LORA)
+  flat = checkpoint.flatten(adapted_params(model))
+  described = models.registry.described_fields(model)
+  arrays, fields = lora.merged(flat, described | LORA)
+  assert fields == described
+  want = lora.merge(flat, 6.0 / 3)
+  assert arrays.keys() == want.keys() and all(np.array_equal(arrays[k], want[k]) for k in want)
+  same, unchanged = lora.merged(want, described)  # No adapters: as it is.
+  assert same is want and unchanged is described
+
+
 def test_new_adapters_change_nothing():
   """B starts at zero: the adapted model computes its base model's logits."""
   model = models.create_model("ViT-Ti_16", num_classes=5, **TINY_VIT, **LORA)

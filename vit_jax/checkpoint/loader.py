@@ -156,7 +156,8 @@ def _on_base(adapters: dict[str, np.ndarray], described: Description, path: str,
                                         jnp.zeros((1, size, size, 3)))["params"])
   target = npz.unflatten({k: v for k, v in abstract.items() if k not in adapters})
   fitted = npz.flatten(npz.fit_to_target(base, target, model.posemb_interpolation))
-  return run.merge_lora(fitted | adapters, described)
+  merged, model = lora.merged(fitted | adapters, described.model)
+  return merged, described.replace(model=model)
 
 
 def export_adapters(path: str, out: str) -> Description:

@@ -277,19 +277,9 @@ def read_step(step_dir: str | epath.Path, ema: bool = False
   step, as host numpy arrays. A LoRA run's adapters come merged into their kernels: what is
   read is a plain ViT."""
   flat, meta = read_params(step_dir, ema)
-  return merge_lora(flat, step_description(meta, int(epath.Path(step_dir).name)))
-
-
-def merge_lora(flat: dict[str, np.ndarray], described: Description
-               ) -> tuple[dict[str, np.ndarray], Description]:
-  """The arrays with the adapters a description's model has (lora_rank) merged, and the
-  description of the merged model."""
-  model = dict(described.model)
-  rank, alpha = model.pop("lora_rank", 0), model.pop("lora_alpha", None)
-  model.pop("lora_targets", None)
-  if not rank:
-    return flat, described
-  return lora.merge(flat, lora.scale(rank, alpha)), described.replace(model=model)
+  described = step_description(meta, int(epath.Path(step_dir).name))
+  flat, model = lora.merged(flat, described.model)
+  return flat, described.replace(model=model)
 
 
 def read_step_description(step_dir: str | epath.Path) -> Description:

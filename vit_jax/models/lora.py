@@ -1,7 +1,8 @@
 """LoRA (Hu et al., 2021): a frozen kernel W adapted as W + alpha/rank * A @ B, with A
 (in, rank) and B (rank, out) trained. The adapters sit beside the kernel they adapt
 (`.../query/lora_a`, `.../query/lora_b`), and `merge` folds them into it, after which the
-model is a plain ViT again (for export, few-shot, serving).
+model is a plain ViT again (for export, few-shot, serving); `merged` does so to a checkpoint's
+params and model fields, as the checkpoint readers take a LoRA run.
 """
 import re
 from collections.abc import Mapping, Sequence
@@ -17,6 +18,8 @@ TARGETS = ("query", "key", "value", "out", "Dense_0", "Dense_1")
 DEFAULT_TARGETS = ("query", "value")  # The LoRA paper's choice for attention.
 # What a LoRA run trains: the adapters and the head; everything else is frozen.
 TRAINED = (r".*/lora_[ab]", r"head/.*")
+# VisionTransformer's fields of the adapters (Role.LORA), which a merged model no longer has.
+FIELDS = ("lora_rank", "lora_alpha", "lora_targets")
 _ADAPTER = re.compile(r"(.*)/lora_([ab])$")
 
 
@@ -89,6 +92,18 @@ def merge(flat: Mapping[str, Any], factor: float) -> dict[str, Any]:
       b = np.asarray(flat[f"{m.group(1)}/lora_b"], np.float32)
       out[f"{m.group(1)}/kernel"] = kernel + factor * (a @ b).reshape(kernel.shape)
   return out
+
+
+def merged(flat: Mapping[str, Any], fields: Mapping[str, Any]
+           ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+  """A model with adapters, its flat params and model fields (as a checkpoint's description
+  holds them), as the plain ViT it makes: adapters merged, the LoRA fields gone. A model
+  without adapters (no `lora_rank`) comes back as it is."""
+  rank = fields.get("lora_rank")
+  if not rank:
+    return flat, fields
+  plain = {k: v for k, v in fields.items() if k not in FIELDS}
+  return merge(flat, scale(rank, fields.get("lora_alpha"))), plain
 
 
 def adapters(flat: Mapping[str, Any]) -> dict[str, Any]:
