@@ -9,6 +9,7 @@ and the interpreter, is LiteRT's (`ai-edge-litert`, the export extra): TensorFlo
 `tf.lite.Interpreter` is deprecated. One format of `formats`.
 """
 import importlib
+import os
 
 from etils import epath, epy
 
