@@ -143,6 +143,17 @@ def random_like(tree, scale: float, seed: int):
   return jax.tree.map(lambda p: np.float32(scale) * rng.standard_normal(p.shape, np.float32), tree)
 
 
+def randomised_torch(module, scale: float = 0.3):
+  """A torch module with every parameter drawn from `scale` x standard normal (seed 0), in eval
+  mode: random weights, not its initialisation (LayerScale's 1e-5 would hide its branch)."""
+  import torch
+  torch.manual_seed(0)
+  with torch.no_grad():
+    for p in module.parameters():
+      p.copy_(scale * torch.randn_like(p))
+  return module.eval()
+
+
 def noisy(tree, scale: float, seed: int):
   """Every array of `tree` plus random_like's noise, as NumPy arrays."""
   import jax

@@ -39,6 +39,7 @@ def timm_prefix(name: str) -> str:
   """Where a parameter of ours lives in timm's ViT."""
   rules = [(r"cls", "cls_token"), (r"reg", "reg_token"),
            (r"Transformer/posembed_input/.*", "pos_embed"),
+           (r"Transformer/pre_norm/.*", "norm_pre."),
            (r"embedding/.*", "patch_embed.proj."),
            (r"(conv_root|gn_root|block\d+/unit\d+)/.*", "patch_embed.backbone."),
            (r"Transformer/encoderblock_(\d+)/.*", "blocks.{}."),
@@ -49,16 +50,24 @@ def timm_prefix(name: str) -> str:
   raise AssertionError(f"no timm counterpart for {name}")
 
 
-@pytest.mark.parametrize("name,registers", [("ViT-B_16", 0), ("R26+ViT-S_32", 0),
-                                            ("ViT-S_16", 4)])
-def test_layer_decay_scales_are_timms(name, registers):
+# Fields of ours and timm's ViT arguments for them.
+_PRE_NORM_AND_LAYER_SCALE = (dict(pre_norm=True, layer_scale=True),
+                             dict(pre_norm=True, init_values=1e-5))
+
+
+@pytest.mark.parametrize("name,registers,fields", [
+    ("ViT-B_16", 0, None), ("R26+ViT-S_32", 0, None), ("ViT-S_16", 4, None),
+    ("ViT-S_16", 0, _PRE_NORM_AND_LAYER_SCALE)])
+def test_layer_decay_scales_are_timms(name, registers, fields):
   """Each parameter's lr scale as timm's optimizer factory groups them
   (`param_groups_layer_decay` with the model's `no_weight_decay`), and the tokens' weight
-  decay (off) too: register tokens sit with the embeddings, timm's `reg_token` in its stem."""
+  decay (off) too: register tokens sit with the embeddings, timm's `reg_token` in its stem;
+  the pre-norm there too (`norm_pre`), a block's LayerScale in its block."""
   from timm.optim._param_groups import param_groups_layer_decay
   torch, _ = timm_models.import_torch()
+  ours_fields, timm_fields = fields or ({}, {})
   with torch.device("meta"):
-    reference = timm_models.create(name, num_classes=10,
+    reference = timm_models.create(name, num_classes=10, **timm_fields,
                                    **({"reg_tokens": registers} if registers else {}))
   names = {id(p): n for n, p in reference.named_parameters()}
   groups = param_groups_layer_decay(reference, weight_decay=0.1, layer_decay=0.75,
@@ -66,7 +75,7 @@ def test_layer_decay_scales_are_timms(name, registers):
   timm_scale = {names[id(p)]: g["lr_scale"] for g in groups for p in g["params"]}
   timm_decays = {names[id(p)]: g["weight_decay"] > 0 for g in groups for p in g["params"]}
 
-  params = abstract_params(name, 224, num_registers=registers)
+  params = abstract_params(name, 224, num_registers=registers, **ours_fields)
   decays = checkpoint.flatten(optimizers.decay_mask(params))
   ours = optimizers.update_scales(opt_config(layer_decay=0.75), list(decays))
   for our_name, scale in ours.items():
@@ -81,6 +90,12 @@ def test_layer_decay_scales_are_timms(name, registers):
   if registers:
     assert ("reg" in ours) and ours["reg"] == pytest.approx(0.75 ** (num_layers + 1))
     assert not decays["reg"] and timm_scale["reg_token"] == ours["reg"]
+  if fields:
+    assert ours["Transformer/pre_norm/scale"] == timm_scale["norm_pre.weight"] == pytest.approx(
+        0.75 ** (num_layers + 1))
+    ls = "Transformer/encoderblock_2/LayerScale_1/scale"
+    assert ours[ls] == timm_scale["blocks.2.ls2.gamma"] == pytest.approx(0.75 ** (num_layers - 2))
+    assert not decays[ls] and not timm_decays["blocks.2.ls2.gamma"]
 
 
 def test_layer_decay_and_multipliers_scale_the_whole_update():

@@ -59,7 +59,7 @@ def forward_intermediates(model: VisionTransformer, params: Any, images: jax.Arr
   _, state = model.apply({"params": params}, images, mutable=["intermediates"])
   outputs = [state["intermediates"]["Transformer"][f"block_{i}_out"][0] for i in take]
   if norm:
-    layer_norm = nn.LayerNorm(dtype=model.dtype)
+    layer_norm = nn.LayerNorm(epsilon=model.layer_norm_eps, dtype=model.dtype)
     ln = {"params": params["Transformer"]["encoder_norm"]}
     outputs = [layer_norm.apply(ln, y) for y in outputs]
   outputs = [y.astype(jnp.float32) for y in outputs]

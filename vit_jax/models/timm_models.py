@@ -1,7 +1,8 @@
 """timm's ViTs beside this project's: the timm model of each registry name, a timm ViT's
-weights as original-layout .npz arrays (the inverse of timm's `_load_weights`), which
-`checkpoint.load_npz` reads, and original-layout arrays into a timm ViT (`load_into`). The
-independent implementation the tests and benchmarks compare against.
+weights as original-layout .npz arrays (the inverse of timm's `_load_weights`; LayerScale,
+`norm_pre` and `fc_norm` under the model fields' names, anything else without arrays of ours
+refused), which `checkpoint.load_npz` reads, and original-layout arrays into a timm ViT
+(`load_into`). The independent implementation the tests and benchmarks compare against.
 
 torch and timm are imported on first use. A process that also uses TensorFlow must import
 them first (`import_torch()` before TensorFlow): the other order crashes in triton's import
@@ -84,47 +85,92 @@ def _tokens(model) -> dict[str, np.ndarray]:
   return out
 
 
+def _unconverted(model) -> list[str]:
+  """The parts of a timm ViT that the released layout has no arrays for."""
+  block = model.blocks[0]
+  parts = {"attn_pool (MAP head)": getattr(model, "attn_pool", None) is not None,
+           "q_norm/k_norm": hasattr(getattr(block.attn, "q_norm", None), "weight"),
+           "attn.norm": hasattr(getattr(block.attn, "norm", None), "weight"),
+           f"mlp {type(block.mlp).__name__}": type(block.mlp).__name__ != "Mlp",
+           "mlp.norm": hasattr(getattr(block.mlp, "norm", None), "weight")}
+  return [name for name, present in parts.items() if present]
+
+
+def _block(block, d: int, h: int) -> dict[str, np.ndarray]:
+  """One timm block's arrays under our block's names."""
+  t = lambda x: x.detach().numpy()
+  out = {"LayerNorm_0/scale": t(block.norm1.weight), "LayerNorm_0/bias": t(block.norm1.bias),
+         "LayerNorm_2/scale": t(block.norm2.weight), "LayerNorm_2/bias": t(block.norm2.bias)}
+  attn, a = block.attn, "MultiHeadDotProductAttention_1/"
+  qkv_w = t(attn.qkv.weight)
+  for n, name in enumerate(("query", "key", "value")):
+    out[f"{a}{name}/kernel"] = qkv_w[n * d:(n + 1) * d].T.reshape(d, h, d // h)
+    if attn.qkv.bias is not None:  # Else the model's qkv_bias="none".
+      out[f"{a}{name}/bias"] = t(attn.qkv.bias)[n * d:(n + 1) * d].reshape(h, d // h)
+  out[f"{a}out/kernel"] = t(attn.proj.weight).T.reshape(h, d // h, d)
+  out[f"{a}out/bias"] = t(attn.proj.bias)
+  for r in range(2):
+    fc = getattr(block.mlp, f"fc{r + 1}")
+    out[f"MlpBlock_3/Dense_{r}/kernel"] = t(fc.weight).T
+    out[f"MlpBlock_3/Dense_{r}/bias"] = t(fc.bias)
+  for r, ls in enumerate((block.ls1, block.ls2)):
+    if hasattr(ls, "gamma"):  # The model's layer_scale=True.
+      out[f"LayerScale_{r}/scale"] = t(ls.gamma)
+  return out
+
+
+def _norm(norm, key: str) -> dict[str, np.ndarray]:
+  """A timm LayerNorm's arrays under `key`, none for an Identity."""
+  if not hasattr(norm, "weight"):
+    return {}
+  return {f"{key}/scale": norm.weight.detach().numpy(), f"{key}/bias": norm.bias.detach().numpy()}
+
+
 def to_npz(model) -> dict[str, np.ndarray]:
-  """A timm ViT's weights as original-layout .npz keys (the inverse of timm's `_load_weights`)."""
+  """A timm ViT's weights as original-layout .npz keys (the inverse of timm's `_load_weights`),
+  with the fields' arrays where it has them: LayerScale, `norm_pre` (a patch embedding without
+  bias), `fc_norm`, no qkv bias. Raises ValueError naming what has no arrays of ours."""
+  if unconverted := _unconverted(model):
+    raise ValueError(f"timm's {type(model).__name__} has {', '.join(unconverted)}, which "
+                     "to_npz does not convert.")
   t = lambda x: x.detach().numpy()
   d = model.embed_dim
   h = model.blocks[0].attn.num_heads
   out = {}
   emb = model.patch_embed
   if hasattr(emb, "backbone"):
-    bb = emb.backbone
-    out["conv_root/kernel"] = t(bb.stem.conv.weight).transpose(2, 3, 1, 0)
-    out["gn_root/scale"], out["gn_root/bias"] = t(bb.stem.norm.weight), t(bb.stem.norm.bias)
-    for i, stage in enumerate(bb.stages):
-      for j, block in enumerate(stage.blocks):
-        p = f"block{i + 1}/unit{j + 1}/"
-        for r in range(1, 4):
-          out[p + f"conv{r}/kernel"] = t(getattr(block, f"conv{r}").weight).transpose(2, 3, 1, 0)
-          out[p + f"gn{r}/scale"] = t(getattr(block, f"norm{r}").weight)
-          out[p + f"gn{r}/bias"] = t(getattr(block, f"norm{r}").bias)
-        if block.downsample is not None:
-          out[p + "conv_proj/kernel"] = t(block.downsample.conv.weight).transpose(2, 3, 1, 0)
-          out[p + "gn_proj/scale"] = t(block.downsample.norm.weight)
-          out[p + "gn_proj/bias"] = t(block.downsample.norm.bias)
+    out.update(_hybrid_stem(emb.backbone))
   out["embedding/kernel"] = t(emb.proj.weight).transpose(2, 3, 1, 0)
-  out["embedding/bias"] = t(emb.proj.bias)
+  if emb.proj.bias is not None:  # Else the model's pre_norm=True.
+    out["embedding/bias"] = t(emb.proj.bias)
   out.update(_tokens(model))
+  out.update(_norm(model.norm_pre, "Transformer/pre_norm"))
   for i, block in enumerate(model.blocks):
-    p = f"Transformer/encoderblock_{i}/"
-    out[p + "LayerNorm_0/scale"], out[p + "LayerNorm_0/bias"] = t(block.norm1.weight), t(block.norm1.bias)
-    out[p + "LayerNorm_2/scale"], out[p + "LayerNorm_2/bias"] = t(block.norm2.weight), t(block.norm2.bias)
-    qkv_w, qkv_b = t(block.attn.qkv.weight), t(block.attn.qkv.bias)
-    for n, name in enumerate(("query", "key", "value")):
-      out[p + f"MultiHeadDotProductAttention_1/{name}/kernel"] = qkv_w[n * d:(n + 1) * d].T.reshape(d, h, d // h)
-      out[p + f"MultiHeadDotProductAttention_1/{name}/bias"] = qkv_b[n * d:(n + 1) * d].reshape(h, d // h)
-    out[p + "MultiHeadDotProductAttention_1/out/kernel"] = t(block.attn.proj.weight).T.reshape(h, d // h, d)
-    out[p + "MultiHeadDotProductAttention_1/out/bias"] = t(block.attn.proj.bias)
-    for r in range(2):
-      fc = getattr(block.mlp, f"fc{r + 1}")
-      out[p + f"MlpBlock_3/Dense_{r}/kernel"], out[p + f"MlpBlock_3/Dense_{r}/bias"] = t(fc.weight).T, t(fc.bias)
-  out["Transformer/encoder_norm/scale"] = t(model.norm.weight)
-  out["Transformer/encoder_norm/bias"] = t(model.norm.bias)
-  out["head/kernel"], out["head/bias"] = t(model.head.weight).T, t(model.head.bias)
+    out.update({f"Transformer/encoderblock_{i}/{k}": v for k, v in _block(block, d, h).items()})
+  out.update(_norm(model.norm, "Transformer/encoder_norm"))
+  out.update(_norm(model.fc_norm, "fc_norm"))
+  out["head/kernel"] = t(model.head.weight).T
+  if model.head.bias is not None:
+    out["head/bias"] = t(model.head.bias)
+  return out
+
+
+def _hybrid_stem(bb) -> dict[str, np.ndarray]:
+  """A timm hybrid's ResNet-v2 stem as our arrays."""
+  t = lambda x: x.detach().numpy()
+  out = {"conv_root/kernel": t(bb.stem.conv.weight).transpose(2, 3, 1, 0),
+         "gn_root/scale": t(bb.stem.norm.weight), "gn_root/bias": t(bb.stem.norm.bias)}
+  for i, stage in enumerate(bb.stages):
+    for j, block in enumerate(stage.blocks):
+      p = f"block{i + 1}/unit{j + 1}/"
+      for r in range(1, 4):
+        out[p + f"conv{r}/kernel"] = t(getattr(block, f"conv{r}").weight).transpose(2, 3, 1, 0)
+        out[p + f"gn{r}/scale"] = t(getattr(block, f"norm{r}").weight)
+        out[p + f"gn{r}/bias"] = t(getattr(block, f"norm{r}").bias)
+      if block.downsample is not None:
+        out[p + "conv_proj/kernel"] = t(block.downsample.conv.weight).transpose(2, 3, 1, 0)
+        out[p + "gn_proj/scale"] = t(block.downsample.norm.weight)
+        out[p + "gn_proj/bias"] = t(block.downsample.norm.bias)
   return out
 
 

@@ -1,7 +1,9 @@
-"""Vision Transformer (Dosovitskiy et al., 2021) and its hybrid ResNet+ViT form.
+"""Vision Transformer (Dosovitskiy et al., 2021) and its hybrid ResNet+ViT form, with the
+pieces of the families built on it as fields: DINOv2, DINOv3, CLIP / OpenCLIP, EVA-02.
 
 Parameter names follow the released checkpoints (gs://vit_models), so an .npz
-from there maps onto `model.init(...)["params"]` key for key.
+from there maps onto `model.init(...)["params"]` key for key; the fields' arrays are named
+beside them, Flax-style (VisionTransformer's field comments say where).
 """
 import dataclasses
 import enum
@@ -10,16 +12,18 @@ from typing import Any, Optional, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from vit_jax.models import attention, lora as lora_lib, posemb_resize, resnet
+from vit_jax.models import attention, lora as lora_lib, posemb_resize, resnet, rope as rope_lib
 from vit_jax.models.layer_norm import LayerNorm
+from vit_jax.models.mlp import GELUS, KINDS as MLPS, MlpBlock
+from vit_jax.models.posemb import AddPositionEmbs, posemb_sincos_2d
 
 CLASSIFIERS = ("token", "gap", "map")
-POSEMBS = ("learn", "sincos2d")
-# The GELU of the MLPs: "tanh", the approximation the official code and big_vision train with
-# (flax's `nn.gelu` default), or "exact" (erf), the default of PyTorch, timm and transformers.
-GELUS = ("tanh", "exact")
+POSEMBS = ("learn", "sincos2d", "none")
+# Which of the query, key and value projections have a bias: all three, the query's and the
+# value's (EVA-02, DINOv3's `_qkvb` models: a key bias is a constant of each query's logits,
+# which the softmax cancels), or none (DINOv3).
+QKV_BIASES = ("qkv", "qv", "none")
 
 
 class Role(enum.Enum):
@@ -29,7 +33,8 @@ class Role(enum.Enum):
   ARCHITECTURE = "architecture"  # What a model name fixes.
   LAYOUT = "layout"  # Which arrays there are beyond the architecture's.
   COMPUTATION = "computation"  # What the same arrays compute; no array shape tells.
-  PRE_LOGITS = "pre_logits"  # The head's hidden layer: described; fine-tuning replaces it.
+  # The head beyond its outputs (its hidden layer, its bias): described; fine-tuning replaces it.
+  PRE_LOGITS = "pre_logits"
   INIT = "init"  # How parameters start: a new head's, a loaded position embedding's resizing.
   REGULARISATION = "regularisation"  # A run's trajectory, not its model.
   RUNTIME = "runtime"  # How it runs: a resumed run may change it.
@@ -43,46 +48,14 @@ def _field(role: Role, default: Any = dataclasses.MISSING) -> Any:
   return dataclasses.field(default=default, metadata={"role": role})
 
 
-def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.) -> np.ndarray:
-  """Fixed 2-D sin-cos position embedding, (1, h*w, width), as in big_vision."""
-  if width % 4:
-    raise ValueError(f"sincos2d position embedding needs hidden_size % 4 == 0, got {width}.")
-  y, x = np.mgrid[:h, :w]
-  omega = np.arange(width // 4) / (width // 4 - 1)
-  omega = 1. / (temperature**omega)
-  y = np.einsum("m,d->md", y.flatten(), omega)
-  x = np.einsum("m,d->md", x.flatten(), omega)
-  pe = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
-  return pe[None].astype(np.float32)
-
-
-class MlpBlock(nn.Module):
-  """Dense-GELU-Dense."""
-
-  mlp_dim: int
-  dropout: float = 0.0
-  dtype: Any = jnp.float32
-  lora: Any = None  # (rank, factor, targets): LoRA adapters on the targeted layers.
-  gelu: str = "tanh"  # GELUS.
-
-  @nn.compact
-  def __call__(self, x: jnp.ndarray, deterministic: bool = True) -> jnp.ndarray:
-    dense = lambda features, name: lora_lib.adapt(nn.Dense(
-        features, dtype=self.dtype, kernel_init=nn.initializers.xavier_uniform(),
-        bias_init=nn.initializers.normal(stddev=1e-6), name=name), self.lora)
-    out_dim = x.shape[-1]
-    x = nn.gelu(dense(self.mlp_dim, "Dense_0")(x), approximate=self.gelu == "tanh")
-    x = nn.Dropout(self.dropout)(x, deterministic)
-    x = dense(out_dim, "Dense_1")(x)
-    return nn.Dropout(self.dropout)(x, deterministic)
-
-
 class MultiHeadDotProductAttention(nn.Module):
   """Multi-head attention with the parameter layout of `flax.linen`'s.
 
   Runs the path `implementation` names (models/attention.py; "auto": the fused kernel of the
   device where one runs) unless the attention weights are needed: returned to the caller, or
-  dropped out.
+  dropped out. With `rope` (sin, cos of rope.embedding), the patches' queries and keys are
+  rotated before it (`rope_kind`); with `norm`, the heads' outputs are layer-normalised
+  together before `out` (EVA-02 CLIP's `scale_attn_inner`: parameters `LayerNorm_0`).
   """
 
   num_heads: int
@@ -90,21 +63,27 @@ class MultiHeadDotProductAttention(nn.Module):
   dtype: Any = jnp.float32
   implementation: Optional[str] = None
   lora: Any = None  # (rank, factor, targets): LoRA adapters on the targeted projections.
+  qkv_bias: str = "qkv"  # QKV_BIASES.
+  rope_kind: str = "none"  # rope.KINDS.
+  norm: bool = False
+  norm_epsilon: float = 1e-6
 
   @nn.compact
   def __call__(self, inputs_q: jnp.ndarray, inputs_kv: jnp.ndarray, *,
-               deterministic: bool = True, return_weights: bool = False):
+               deterministic: bool = True, return_weights: bool = False, rope: Any = None):
     features = inputs_q.shape[-1]
     if features % self.num_heads:
       raise ValueError(f"hidden_size {features} is not divisible by num_heads {self.num_heads}.")
     head_dim = features // self.num_heads
     impl = attention.resolve(self.implementation, self.dtype, head_dim)
-    dense = lambda name: lora_lib.adapt(nn.DenseGeneral(
-        features=(self.num_heads, head_dim), dtype=self.dtype,
+    dense = lambda name, bias: lora_lib.adapt(nn.DenseGeneral(
+        features=(self.num_heads, head_dim), dtype=self.dtype, use_bias=bias,
         kernel_init=nn.initializers.xavier_uniform(), name=name), self.lora)
-    q = dense("query")(inputs_q)
-    k = dense("key")(inputs_kv)
-    v = dense("value")(inputs_kv)
+    q = dense("query", self.qkv_bias != "none")(inputs_q)
+    k = dense("key", self.qkv_bias == "qkv")(inputs_kv)
+    v = dense("value", self.qkv_bias != "none")(inputs_kv)
+    if rope is not None:
+      q, k = (rope_lib.apply(x, *rope, self.rope_kind) for x in (q, k))
 
     weights = None
     if return_weights or (self.dropout > 0 and not deterministic):
@@ -112,6 +91,10 @@ class MultiHeadDotProductAttention(nn.Module):
           q, k, v, lambda w: nn.Dropout(self.dropout)(w, deterministic))
     else:
       out = attention.dot_product_attention(q, k, v, impl)
+    if self.norm:
+      normed = LayerNorm(self.norm_epsilon, self.dtype, name="LayerNorm_0")(
+          out.reshape(out.shape[:-2] + (-1,)))
+      out = normed.reshape(out.shape)
 
     out = lora_lib.adapt(nn.DenseGeneral(
         features, axis=(-2, -1), dtype=self.dtype,
@@ -130,8 +113,19 @@ class DropPath(nn.Module):
     return nn.Dropout(self.rate, broadcast_dims=tuple(range(1, x.ndim)))(x, deterministic)
 
 
+class LayerScale(nn.Module):
+  """A residual branch scaled per channel (Touvron et al., 2021; DINOv2, DINOv3): `scale`,
+  (width,), starting at 1e-5 as timm's and DINOv2's `init_values`."""
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+    return x * self.param("scale", nn.initializers.constant(1e-5), (x.shape[-1],))
+
+
 class Encoder1DBlock(nn.Module):
-  """Pre-LN block: z' = MSA(LN(z)) + z; z = MLP(LN(z')) + z'."""
+  """Pre-LN block: z' = MSA(LN(z)) + z; z = MLP(LN(z')) + z'. With `layer_scale`, each branch
+  is scaled per channel before it is added (`LayerScale_0`: attention's, `LayerScale_1`: the
+  MLP's)."""
 
   mlp_dim: int
   num_heads: int
@@ -142,63 +136,38 @@ class Encoder1DBlock(nn.Module):
   drop_path: float = 0.0  # This block's stochastic-depth rate.
   lora: Any = None
   gelu: str = "tanh"
+  mlp: str = "gelu"  # mlp.KINDS.
+  mlp_norm: bool = False
+  attention_norm: bool = False
+  qkv_bias: str = "qkv"
+  layer_scale: bool = False
+  rope: str = "none"
+  norm_epsilon: float = 1e-6
 
   @nn.compact
-  def __call__(self, x: jnp.ndarray, deterministic: bool = True,
+  def __call__(self, x: jnp.ndarray, rope: Any = None, deterministic: bool = True,
                return_weights: bool = False):
-    y = LayerNorm(dtype=self.dtype, name="LayerNorm_0")(x)
+    y = LayerNorm(self.norm_epsilon, self.dtype, name="LayerNorm_0")(x)
     y, weights = MultiHeadDotProductAttention(
         self.num_heads, self.attention_dropout, self.dtype, self.attention_impl, self.lora,
+        self.qkv_bias, self.rope, self.attention_norm, self.norm_epsilon,
         name="MultiHeadDotProductAttention_1")(
-            y, y, deterministic=deterministic, return_weights=return_weights)
+            y, y, deterministic=deterministic, return_weights=return_weights, rope=rope)
     y = nn.Dropout(self.dropout)(y, deterministic)
+    if self.layer_scale:
+      y = LayerScale(name="LayerScale_0")(y)
     x = x + DropPath(self.drop_path)(y, deterministic)
-    y = LayerNorm(dtype=self.dtype, name="LayerNorm_2")(x)
-    y = MlpBlock(self.mlp_dim, self.dropout, self.dtype, self.lora, self.gelu, name="MlpBlock_3")(
-        y, deterministic)
+    y = LayerNorm(self.norm_epsilon, self.dtype, name="LayerNorm_2")(x)
+    y = MlpBlock(self.mlp_dim, self.dropout, self.dtype, self.lora, self.gelu, self.mlp,
+                 self.mlp_norm, self.norm_epsilon, name="MlpBlock_3")(y, deterministic)
+    if self.layer_scale:
+      y = LayerScale(name="LayerScale_1")(y)
     return x + DropPath(self.drop_path)(y, deterministic), weights
 
 
-class AddPositionEmbs(nn.Module):
-  """Adds a learned position embedding, one per token (class token included).
-
-  With `dynamic`, the stored embedding's square patch grid is resampled (posemb_resize's
-  `interpolation`) to the input's `grid`: any resolution at run time, as if the checkpoint
-  had been loaded at that resolution.
-  """
-
-  grid: tuple[int, int]
-  num_prefix: int = 0  # Tokens before the patches' (the class token).
-  dynamic: bool = False
-  interpolation: str = "bilinear"
-
-  @nn.compact
-  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-    shape = (1,) + x.shape[1:]
-    if self.has_variable("params", "pos_embedding"):
-      stored = self.get_variable("params", "pos_embedding")
-      if stored.shape != shape:
-        if not self.dynamic:
-          raise ValueError(
-              f"The position embedding has {stored.shape[1]} tokens, the input gives "
-              f"{shape[1]} ({self.grid[0]}x{self.grid[1]} patches): load the checkpoint at "
-              "this image_size, or build the model with dynamic_image_size=True.")
-        return x + self._resampled(stored)
-    return x + self.param("pos_embedding", nn.initializers.normal(stddev=0.02), shape)
-
-  def _resampled(self, stored: jnp.ndarray) -> jnp.ndarray:
-    prefix, grid = stored[:, :self.num_prefix], stored[0, self.num_prefix:]
-    side = int(np.sqrt(grid.shape[0]))
-    if side * side != grid.shape[0]:
-      raise ValueError(f"dynamic_image_size: the position embedding's {grid.shape[0]} patches "
-                       "are not a square grid.")
-    grid = posemb_resize.resample(grid.reshape(side, side, -1), self.grid, self.interpolation)
-    return jnp.concatenate([prefix, grid.reshape((1, -1, grid.shape[-1]))], axis=1)
-
-
 class Encoder(nn.Module):
-  """Learned position embedding (if any), register tokens (if any), the blocks, and the final
-  LayerNorm."""
+  """Learned position embedding (if any), register tokens (if any), the pre-norm (if any), the
+  blocks with their rotary embedding (if any), and the final LayerNorm."""
 
   num_layers: int
   mlp_dim: int
@@ -213,8 +182,13 @@ class Encoder(nn.Module):
   lora: Any = None
   dynamic_image_size: bool = False
   posemb_interpolation: str = "bilinear"
-  gelu: str = "tanh"
   final_norm: bool = True  # False: the model normalises after pooling (`fc_norm`).
+  pre_norm: bool = False
+  norm_epsilon: float = 1e-6
+  rope_ref_grid: Optional[int] = None
+  # Encoder1DBlock's fields of the model's form: gelu, mlp, mlp_norm, attention_norm,
+  # qkv_bias, layer_scale, rope.
+  block: Any = None
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, grid: tuple[int, int], registers: Optional[jnp.ndarray],
@@ -228,22 +202,29 @@ class Encoder(nn.Module):
       registers = jnp.tile(registers, [x.shape[0], 1, 1])
       x = jnp.concatenate([x[:, :num_prefix], registers, x[:, num_prefix:]], axis=1)
     x = nn.Dropout(self.dropout)(x, deterministic)
-    block = Encoder1DBlock
+    if self.pre_norm:  # In float32: its output is the residual stream.
+      x = LayerNorm(self.norm_epsilon, jnp.float32, name="pre_norm")(x)
+    block_fields = dict(self.block or {})
+    rope = None
+    if block_fields.get("rope", "none") != "none":
+      rope = rope_lib.embedding(block_fields["rope"], grid, x.shape[-1] // self.num_heads,
+                                self.rope_ref_grid)
+    block_cls = Encoder1DBlock
     if self.remat:
-      block = nn.remat(Encoder1DBlock, static_argnums=(2, 3))
+      block_cls = nn.remat(Encoder1DBlock, static_argnums=(3, 4))
     all_weights = []
     for i in range(self.num_layers):
-      x, weights = block(
+      x, weights = block_cls(
           self.mlp_dim, self.num_heads, self.dropout, self.attention_dropout,
           self.dtype, self.attention_impl,
           drop_path=self.stochastic_depth * (i + 1) / self.num_layers, lora=self.lora,
-          gelu=self.gelu, name=f"encoderblock_{i}")(
-              x, deterministic, return_weights)
+          norm_epsilon=self.norm_epsilon, **block_fields, name=f"encoderblock_{i}")(
+              x, rope, deterministic, return_weights)
       # Kept only where the caller asks (mutable=["intermediates"]): models.features.
       self.sow("intermediates", f"block_{i}_out", x)
       all_weights.append(weights)
     if self.final_norm:
-      x = LayerNorm(dtype=self.dtype, name="encoder_norm")(x)
+      x = LayerNorm(self.norm_epsilon, self.dtype, name="encoder_norm")(x)
     return x, (tuple(all_weights) if return_weights else None)
 
 
@@ -255,6 +236,7 @@ class MAPHead(nn.Module):
   dtype: Any = jnp.float32
   attention_impl: Optional[str] = None
   gelu: str = "tanh"
+  norm_epsilon: float = 1e-6
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
@@ -263,7 +245,7 @@ class MAPHead(nn.Module):
     x, _ = MultiHeadDotProductAttention(
         self.num_heads, dtype=self.dtype, implementation=self.attention_impl,
         name="MultiHeadDotProductAttention_0")(probe, x)
-    y = LayerNorm(dtype=self.dtype, name="LayerNorm_0")(x)
+    y = LayerNorm(self.norm_epsilon, self.dtype, name="LayerNorm_0")(x)
     x = x + MlpBlock(self.mlp_dim, dtype=self.dtype, gelu=self.gelu, name="MlpBlock_0")(y)
     return x[:, 0]
 
@@ -295,11 +277,37 @@ class VisionTransformer(nn.Module):
   # Register tokens (Darcet et al., 2024): learned tokens after the class token, without a
   # position embedding, dropped before pooling.
   num_registers: int = _field(Role.LAYOUT, 0)
+  # A class token under "gap" pooling too, left out of the mean like the registers (timm's
+  # `class_token` with global_pool="avg": EVA-02's ImageNet heads, DINOv3's timm default).
+  class_token: bool = _field(Role.LAYOUT, False)
+  # A LayerNorm on the tokens before the first block (`Transformer/pre_norm`; CLIP's `ln_pre`),
+  # and a patch embedding without bias, as timm, open_clip and transformers make it then.
+  pre_norm: bool = _field(Role.LAYOUT, False)
+  # LayerScale on both residual branches of every block (`LayerScale_0`, `LayerScale_1`).
+  layer_scale: bool = _field(Role.LAYOUT, False)
+  qkv_bias: str = _field(Role.LAYOUT, "qkv")  # QKV_BIASES.
+  # MLPS: "gelu" (Dense-GELU-Dense) or "swiglu" (Dense_0 holds the gate and the value:
+  # (width, 2 * mlp_dim)); with mlp_norm, a LayerNorm on its hidden layer (EVA-02's `scale_mlp`).
+  mlp: str = _field(Role.LAYOUT, "gelu")
+  mlp_norm: bool = _field(Role.LAYOUT, False)
+  # A LayerNorm on the attention's heads before `out` (EVA-02 CLIP's `scale_attn_inner`).
+  attention_norm: bool = _field(Role.LAYOUT, False)
   gelu: str = _field(Role.COMPUTATION, "tanh")  # GELUS: what the weights were trained with.
+  # Every LayerNorm's epsilon: 1e-6 in the official code, big_vision and timm's ViT; 1e-5 in
+  # torch's default (CLIP, transformers, DINOv3).
+  layer_norm_eps: float = _field(Role.COMPUTATION, 1e-6)
+  # 2-D rotary embedding of the patches' queries and keys in every block (rope.KINDS): "eva"
+  # (EVA-02) or "dinov3"; the learned embedding stays as `posemb` says ("none": DINOv3).
+  rope: str = _field(Role.COMPUTATION, "none")
+  # "eva": the patch-grid side the rotary positions are scaled to (timm's `ref_feat_shape`;
+  # EVA-02: 16); None: the patches' indices.
+  rope_ref_grid: Optional[int] = _field(Role.COMPUTATION, None)
   dropout: float = _field(Role.REGULARISATION, 0.0)
   attention_dropout: float = _field(Role.REGULARISATION, 0.0)
   # Stochastic depth: the rate rises linearly to this at the last block (0: off).
   stochastic_depth: float = _field(Role.REGULARISATION, 0.0)
+  # False: a head without bias (CLIP's projection kept as the head).
+  head_bias: bool = _field(Role.PRE_LOGITS, True)
   head_bias_init: float = _field(Role.INIT, 0.0)
   # LoRA adapters (models/lora.py) on the encoder blocks' `lora_targets` (0: none).
   lora_rank: int = _field(Role.LORA, 0)
@@ -337,7 +345,7 @@ class VisionTransformer(nn.Module):
   @property
   def num_prefix_tokens(self) -> int:
     """Tokens before the patches' in the encoder's output: the class token, the registers."""
-    return int(self.classifier == "token") + self.num_registers
+    return int(self.classifier == "token" or self.class_token) + self.num_registers
 
   def _pool(self, encoded: jnp.ndarray) -> jnp.ndarray:
     """The tokens to one vector: the class token, the patches' mean, or attention pooling."""
@@ -345,27 +353,37 @@ class VisionTransformer(nn.Module):
       # Not encoded[:, 0]: with a symbolic batch (jax2tf, jax.export) that indexing becomes a
       # dynamic gather, which the TFLite converter cannot lower; this is a plain slice.
       return jax.lax.index_in_dim(encoded, 0, axis=1, keepdims=False)
-    if self.num_registers:
+    if self.num_prefix_tokens:
       encoded = encoded[:, self.num_prefix_tokens:]
     if self.classifier == "gap":
       return jnp.mean(encoded, axis=1)
     return MAPHead(self.mlp_dim, self.num_heads, self.dtype, self.attention_impl, self.gelu,
-                   name="MAPHead_0")(encoded)
+                   self.layer_norm_eps, name="MAPHead_0")(encoded)
 
   def _check_fields(self) -> None:
-    if self.classifier not in CLASSIFIERS:
-      raise ValueError(f"classifier={self.classifier!r}, expected one of {CLASSIFIERS}.")
-    if self.gelu not in GELUS:
-      raise ValueError(f"gelu={self.gelu!r}, expected one of {GELUS}.")
-    if self.posemb not in POSEMBS:
-      raise ValueError(f"posemb={self.posemb!r}, expected one of {POSEMBS}.")
+    choices = {"classifier": CLASSIFIERS, "gelu": GELUS, "posemb": POSEMBS,
+               "posemb_interpolation": posemb_resize.METHODS, "qkv_bias": QKV_BIASES,
+               "mlp": MLPS, "rope": rope_lib.KINDS}
+    for field, allowed in choices.items():
+      if getattr(self, field) not in allowed:
+        raise ValueError(f"{field}={getattr(self, field)!r}, expected one of {allowed}.")
     if not 0 <= self.stochastic_depth < 1:
       raise ValueError(f"stochastic_depth={self.stochastic_depth!r}, expected a rate in [0, 1).")
     if self.num_registers < 0:
       raise ValueError(f"num_registers={self.num_registers!r}, expected >= 0.")
-    if self.posemb_interpolation not in posemb_resize.METHODS:
-      raise ValueError(f"posemb_interpolation={self.posemb_interpolation!r}, expected one of "
-                       f"{posemb_resize.METHODS}.")
+    if self.class_token and self.classifier != "gap":
+      raise ValueError(f"class_token=True is for classifier='gap' (a class token beside the "
+                       f"patches' mean); classifier={self.classifier!r} "
+                       + ("has its own." if self.classifier == "token" else "pools without."))
+    if not self.layer_norm_eps > 0:
+      raise ValueError(f"layer_norm_eps={self.layer_norm_eps!r}, expected > 0.")
+    head_dim = self.hidden_size // self.num_heads
+    if self.rope != "none" and head_dim % 4:
+      raise ValueError(f"rope={self.rope!r} needs a head size divisible by 4, got {head_dim} "
+                       f"(hidden_size {self.hidden_size} / num_heads {self.num_heads}).")
+    if self.rope_ref_grid is not None and (self.rope != "eva" or self.rope_ref_grid < 1):
+      raise ValueError(f"rope_ref_grid={self.rope_ref_grid!r} is rope='eva''s pre-training grid "
+                       f"side (>= 1); rope={self.rope!r}.")
     lora_lib.check(self.lora_rank, self.lora_alpha, self.lora_targets)
 
   @property
@@ -382,7 +400,7 @@ class VisionTransformer(nn.Module):
       x = resnet.resnet_stem(x, self.resnet_layers, self.resnet_width_factor, self.dtype)
     x = nn.Conv(self.hidden_size, (self.patch_size, self.patch_size),
                 strides=(self.patch_size, self.patch_size), padding="VALID",
-                dtype=self.dtype, name="embedding")(x)
+                use_bias=not self.pre_norm, dtype=self.dtype, name="embedding")(x)
     n, h, w, c = x.shape
     x = jnp.reshape(x, (n, h * w, c))
     if self.posemb == "sincos2d":
@@ -390,35 +408,43 @@ class VisionTransformer(nn.Module):
       x = x + posemb_sincos_2d(h, w, c)
     # The residual stream stays float32; only the matmul inputs are cast to dtype.
     x = x.astype(jnp.float32)
-    if self.classifier == "token":
+    if self.classifier == "token" or self.class_token:
       cls = self.param("cls", nn.initializers.zeros, (1, 1, c))
       x = jnp.concatenate([jnp.tile(cls, [n, 1, 1]), x], axis=1)
     return x, (h, w)
+
+  def _encode(self, x: jnp.ndarray, grid: tuple[int, int], deterministic: bool,
+              return_attention: bool):
+    """The tokens through the encoder: (all tokens, each block's attention weights or None)."""
+    registers = None
+    if self.num_registers:  # timm's initialisation of its `reg_token`.
+      registers = self.param("reg", nn.initializers.normal(stddev=1e-6),
+                             (1, self.num_registers, self.hidden_size))
+    block = dict(gelu=self.gelu, mlp=self.mlp, mlp_norm=self.mlp_norm,
+                 attention_norm=self.attention_norm, qkv_bias=self.qkv_bias,
+                 layer_scale=self.layer_scale, rope=self.rope)
+    return Encoder(
+        self.num_layers, self.mlp_dim, self.num_heads, self.dropout,
+        self.attention_dropout, learned_posemb=self.posemb == "learn",
+        remat=self.remat, dtype=self.dtype, attention_impl=self.attention_impl,
+        stochastic_depth=self.stochastic_depth, lora=self._lora,
+        dynamic_image_size=self.dynamic_image_size,
+        posemb_interpolation=self.posemb_interpolation, final_norm=not self.fc_norm,
+        pre_norm=self.pre_norm, norm_epsilon=self.layer_norm_eps,
+        rope_ref_grid=self.rope_ref_grid, block=block,
+        name="Transformer")(x, grid, registers, deterministic, return_attention)
 
   @nn.compact
   def __call__(self, images: jnp.ndarray, *, train: bool = False,
                return_aux: bool = False, return_attention: bool = False):
     self._check_fields()
     self._check_inputs(images)
-    x, (h, w) = self._embed(images)
-    registers = None
-    if self.num_registers:  # timm's initialisation of its `reg_token`.
-      registers = self.param("reg", nn.initializers.normal(stddev=1e-6),
-                             (1, self.num_registers, self.hidden_size))
-
-    encoded, attention = Encoder(
-        self.num_layers, self.mlp_dim, self.num_heads, self.dropout,
-        self.attention_dropout, learned_posemb=self.posemb == "learn",
-        remat=self.remat, dtype=self.dtype, attention_impl=self.attention_impl,
-        stochastic_depth=self.stochastic_depth, lora=self._lora,
-        dynamic_image_size=self.dynamic_image_size,
-        posemb_interpolation=self.posemb_interpolation, gelu=self.gelu,
-        final_norm=not self.fc_norm,
-        name="Transformer")(x, (h, w), registers, not train, return_attention)
+    x, grid = self._embed(images)
+    encoded, attention = self._encode(x, grid, not train, return_attention)
 
     x = self._pool(encoded)
     if self.fc_norm:
-      x = LayerNorm(dtype=self.dtype, name="fc_norm")(x)
+      x = LayerNorm(self.layer_norm_eps, self.dtype, name="fc_norm")(x)
     if self.representation_size is not None:
       x = nn.tanh(nn.Dense(self.representation_size, dtype=self.dtype, name="pre_logits")(x))
     pre_logits = x.astype(jnp.float32)
@@ -426,7 +452,8 @@ class VisionTransformer(nn.Module):
     logits = pre_logits
     if self.num_classes:
       logits = nn.Dense(
-          self.num_classes, dtype=self.dtype, kernel_init=nn.initializers.zeros,
+          self.num_classes, dtype=self.dtype, use_bias=self.head_bias,
+          kernel_init=nn.initializers.zeros,
           bias_init=nn.initializers.constant(self.head_bias_init), name="head")(x)
       logits = logits.astype(jnp.float32)
 

@@ -103,15 +103,16 @@ def _check_patterns(field: str, patterns: Sequence[str], names: list[str]) -> No
 
 _BLOCK = re.compile(r"Transformer/encoderblock_(\d+)/")
 # Before the blocks: patch embedding, ResNet stem (hybrids), class token, register tokens,
-# position embedding (timm's ViT `group_matcher` puts `reg_token` in its stem too).
+# position embedding, pre-norm (timm's ViT `group_matcher` puts `reg_token` and `norm_pre` in
+# its stem too).
 _EMBEDDING = re.compile(r"embedding/|conv_root/|gn_root/|block\d+/unit\d+/|cls$|reg$|"
-                        r"Transformer/posembed_input/")
+                        r"Transformer/posembed_input/|Transformer/pre_norm/")
 
 
 def layer_id(name: str, num_layers: int) -> int:
   """A parameter's depth for layer-wise decay, as timm's `param_groups_layer_decay` assigns it
-  with ViT's `group_matcher`: the embeddings (class and register tokens included) 0, block i
-  i + 1, the final norm num_layers (the last block's), the rest (pre-logits, head)
+  with ViT's `group_matcher`: the embeddings (class and register tokens, the pre-norm
+  included) 0, block i i + 1 (its LayerScale included), the final norm num_layers (the last block's), the rest (pre-logits, head)
   num_layers + 1."""
   if m := _BLOCK.match(name):
     return int(m.group(1)) + 1

@@ -1,0 +1,354 @@
+"""models/vit.py's fields for the DINOv2, DINOv3, CLIP and EVA-02 families, against timm with the
+same random weights (not init values):
+
+- An encoder block with LayerScale, each query/key/value bias form, SwiGLU (packed, separate,
+  with its hidden LayerNorm), the attention's inner LayerNorm and each rotary embedding is
+  timm's `EvaBlock` (DINOv3, EVA-02) or `Block` (DINOv2), prefix tokens left unrotated.
+- Whole models: CLIP's (pre-norm, QuickGELU, LayerNorm epsilon 1e-5, no patch bias) and
+  DINOv2's (LayerScale) through timm_models.to_npz give timm's logits.
+- The parameter tree and count of a small model with every field on, its attention paths,
+  bf16, remat and LoRA; bad field values named.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import random_like, randomised_torch
+from vit_jax import checkpoint, models
+from vit_jax.models import features, rope as rope_lib, timm_models, vit
+
+WIDTH, HEADS, HIDDEN, PREFIX, GRID = 32, 2, 80, 5, (4, 6)
+
+
+def t(x) -> np.ndarray:
+  return x.detach().numpy()
+
+
+def heads(w: np.ndarray, b) -> dict:
+  """A torch Linear's (out, in) weight and bias as a (in, heads, head_dim) DenseGeneral."""
+  out = {"kernel": w.T.reshape(w.shape[1], HEADS, -1)}
+  if b is not None:
+    out["bias"] = b.reshape(HEADS, -1)
+  return out
+
+
+def layer_norm(norm) -> dict:
+  return {"scale": t(norm.weight), "bias": t(norm.bias)}
+
+
+def dense(linear) -> dict:
+  return {"kernel": t(linear.weight).T, "bias": t(linear.bias)}
+
+
+def attention_params(attn) -> dict:
+  """timm's EvaAttention or Attention (fused or separate projections) as ours."""
+  if getattr(attn, "qkv", None) is not None:
+    ws = np.split(t(attn.qkv.weight), 3)
+    if getattr(attn, "q_bias", None) is not None:  # EvaAttention: q and v biases, k none.
+      bs = (t(attn.q_bias), None, t(attn.v_bias))
+    else:
+      bs = np.split(t(attn.qkv.bias), 3) if attn.qkv.bias is not None else (None,) * 3
+  else:
+    projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+    ws = [t(p.weight) for p in projs]
+    bs = [None if p.bias is None else t(p.bias) for p in projs]
+  out = {n: heads(w, b) for n, w, b in zip(("query", "key", "value"), ws, bs)}
+  out["out"] = {"kernel": t(attn.proj.weight).T.reshape(HEADS, -1, WIDTH),
+                "bias": t(attn.proj.bias)}
+  if hasattr(getattr(attn, "norm", None), "weight"):  # EVA-02 CLIP's inner norm.
+    out["LayerNorm_0"] = layer_norm(attn.norm)
+  return out
+
+
+def mlp_params(mlp) -> dict:
+  out = {"Dense_1": dense(mlp.fc2)}
+  if hasattr(mlp, "fc1_g"):  # timm's SwiGLU: separate gate and value layers.
+    gate, value = dense(mlp.fc1_g), dense(mlp.fc1_x)
+    out["Dense_0"] = {k: np.concatenate([gate[k], value[k]], -1) for k in gate}
+  else:
+    out["Dense_0"] = dense(mlp.fc1)
+  if hasattr(mlp.norm, "weight"):
+    out["LayerNorm_0"] = layer_norm(mlp.norm)
+  return out
+
+
+def block_params(block) -> dict:
+  out = {"LayerNorm_0": layer_norm(block.norm1), "LayerNorm_2": layer_norm(block.norm2),
+         "MultiHeadDotProductAttention_1": attention_params(block.attn),
+         "MlpBlock_3": mlp_params(block.mlp)}
+  for i, gamma in enumerate((getattr(block, "gamma_1", None), getattr(block, "gamma_2", None))):
+    if gamma is not None:
+      out[f"LayerScale_{i}"] = {"scale": t(gamma)}
+  if hasattr(block, "ls1") and hasattr(block.ls1, "gamma"):
+    out["LayerScale_0"], out["LayerScale_1"] = {"scale": t(block.ls1.gamma)}, {
+        "scale": t(block.ls2.gamma)}
+  return out
+
+
+def eva_block(**kw):
+  torch, _ = timm_models.import_torch()
+  from timm.models.eva import EvaBlock
+  norm = functools.partial(torch.nn.LayerNorm, eps=kw.pop("eps", 1e-6))
+  return randomised_torch(EvaBlock(WIDTH, HEADS, mlp_ratio=HIDDEN / WIDTH,
+                                   num_prefix_tokens=PREFIX, norm_layer=norm, **kw))
+
+
+def vit_block(**kw):
+  torch, _ = timm_models.import_torch()
+  from timm.models.vision_transformer import Block
+  return randomised_torch(Block(WIDTH, HEADS, mlp_ratio=HIDDEN / WIDTH, init_values=1e-5,
+                                qkv_bias=True,
+                          norm_layer=functools.partial(torch.nn.LayerNorm, eps=1e-6), **kw))
+
+
+# Our block's fields and timm's block, one row per family's form.
+BLOCKS = {
+    "EVA-02 B/L: separate q/v biases, SwiGLU with hidden norm, eva rope": (
+        dict(qkv_bias="qv", mlp="swiglu", mlp_norm=True, rope="eva", gelu="exact"),
+        lambda: eva_block(qkv_fused=False, swiglu_mlp=True, scale_mlp=True)),
+    "EVA-02 Ti/S: fused q/v biases, packed SwiGLU": (
+        dict(qkv_bias="qv", mlp="swiglu", rope="eva"),
+        lambda: eva_block(swiglu_mlp=True)),
+    "EVA-02 CLIP: attention's inner norm": (
+        dict(qkv_bias="qv", mlp="swiglu", mlp_norm=True, attention_norm=True, rope="eva"),
+        lambda: eva_block(qkv_fused=False, swiglu_mlp=True, scale_mlp=True,
+                          scale_attn_inner=True)),
+    "DINOv3: LayerScale, no qkv bias, dinov3 rope, eps 1e-5": (
+        dict(qkv_bias="none", layer_scale=True, rope="dinov3", gelu="exact", norm_epsilon=1e-5),
+        lambda: eva_block(qkv_bias=False, init_values=1e-5, rotate_half=True, eps=1e-5)),
+    "DINOv3 _qkvb, H+ SwiGLU": (
+        dict(qkv_bias="qv", layer_scale=True, rope="dinov3", mlp="swiglu", norm_epsilon=1e-5),
+        lambda: eva_block(qkv_bias=True, init_values=1e-5, rotate_half=True, eps=1e-5,
+                          swiglu_mlp=True, swiglu_align_to=8)),
+    "DINOv2: LayerScale, qkv biases": (
+        dict(qkv_bias="qkv", layer_scale=True, gelu="exact"), vit_block),
+}
+
+
+def timm_rope(kind: str):
+  torch, _ = timm_models.import_torch()
+  from timm.layers import pos_embed_sincos as sincos
+  if kind == "eva":
+    return sincos.RotaryEmbeddingCat(WIDTH // HEADS, in_pixels=False, ref_feat_shape=(16, 16),
+                                     temperature=10000.).get_embed(shape=list(GRID))
+  return sincos.RotaryEmbeddingDinoV3(WIDTH // HEADS, temperature=100).get_embed(
+      shape=list(GRID))
+
+
+@pytest.mark.parametrize("form", BLOCKS)
+def test_block_is_timms(form):
+  torch, _ = timm_models.import_torch()
+  fields, make = BLOCKS[form]
+  reference = make()
+  x = np.random.default_rng(0).normal(size=(2, PREFIX + GRID[0] * GRID[1], WIDTH))
+  x = x.astype(np.float32)
+  kind = fields.get("rope", "none")
+  with torch.no_grad():
+    kw = {} if kind == "none" else {"rope": timm_rope(kind)}
+    theirs = reference(torch.from_numpy(x), **kw).numpy()
+  rope = None if kind == "none" else rope_lib.embedding(kind, GRID, WIDTH // HEADS,
+                                                        16 if kind == "eva" else None)
+  ours, _ = vit.Encoder1DBlock(HIDDEN, HEADS, **fields).apply(
+      {"params": block_params(reference)}, x, rope)
+  np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4, rtol=1e-4)
+
+
+def images(h: int, w: int) -> np.ndarray:
+  return np.random.default_rng(1).uniform(-1, 1, (2, h, w, 3)).astype(np.float32)
+
+
+TINY = dict(patch_size=8, hidden_size=WIDTH, mlp_dim=HIDDEN, num_heads=HEADS, num_layers=2)
+TIMM_TINY = dict(img_size=32, patch_size=8, embed_dim=WIDTH, depth=2, num_heads=HEADS,
+                 mlp_ratio=HIDDEN / WIDTH, num_classes=8)
+
+
+def timm_vit(**kw):
+  torch, timm = timm_models.import_torch()
+  from timm.models.vision_transformer import VisionTransformer
+  return randomised_torch(VisionTransformer(**TIMM_TINY, **kw))
+
+
+def test_clip_form_is_timms():
+  """OpenAI CLIP's image tower as timm builds it (`vit_*_clip_quickgelu_*`): pre-norm, no patch
+  bias, QuickGELU, torch's LayerNorm epsilon; the projection as a head without bias."""
+  torch, _ = timm_models.import_torch()
+  from timm.layers import QuickGELU
+  reference = timm_vit(pre_norm=True, norm_layer=torch.nn.LayerNorm, act_layer=QuickGELU)
+  with torch.no_grad():
+    reference.head.bias.zero_()
+  arrays = timm_models.to_npz(reference)
+  assert "embedding/bias" not in arrays and "Transformer/pre_norm/scale" in arrays
+  del arrays["head/bias"]
+  model = vit.VisionTransformer(num_classes=8, pre_norm=True, gelu="quick", layer_norm_eps=1e-5,
+                                head_bias=False, **TINY)
+  ours = model.apply({"params": checkpoint.unflatten(arrays)}, images(32, 32))
+  np.testing.assert_allclose(np.asarray(ours), timm_models.logits(reference, images(32, 32)),
+                             atol=1e-4, rtol=1e-4)
+
+
+def test_dinov2_form_is_timms():
+  """DINOv2's (`vit_*_patch14_dinov2`): LayerScale on both branches, exact GELU."""
+  torch, _ = timm_models.import_torch()
+  reference = timm_vit(init_values=1e-5)
+  model = vit.VisionTransformer(num_classes=8, layer_scale=True, gelu="exact", **TINY)
+  params = checkpoint.unflatten(timm_models.to_npz(reference))
+  assert set(params["Transformer"]["encoderblock_1"]) >= {"LayerScale_0", "LayerScale_1"}
+  ours = model.apply({"params": params}, images(32, 32))
+  np.testing.assert_allclose(np.asarray(ours), timm_models.logits(reference, images(32, 32)),
+                             atol=1e-4, rtol=1e-4)
+
+
+def test_to_npz_refuses_what_it_cannot_convert():
+  reference = timm_vit(global_pool="map")
+  with pytest.raises(ValueError, match="VisionTransformer has attn_pool \\(MAP head\\), which "
+                     "to_npz does not convert"):
+    timm_models.to_npz(reference)
+
+
+def eva_params(model) -> dict:
+  """A timm Eva's weights as our tree."""
+  emb = model.patch_embed.proj
+  params = {"embedding": {"kernel": t(emb.weight).transpose(2, 3, 1, 0), "bias": t(emb.bias)},
+            "cls": t(model.cls_token), "head": dense(model.head)}
+  if model.reg_token is not None:
+    params["reg"] = t(model.reg_token)
+  encoder = {f"encoderblock_{i}": block_params(b) for i, b in enumerate(model.blocks)}
+  if model.pos_embed is not None:
+    encoder["posembed_input"] = {"pos_embedding": t(model.pos_embed)}
+  for norm, parent, name in ((model.norm, encoder, "encoder_norm"),
+                             (model.fc_norm, params, "fc_norm")):
+    if hasattr(norm, "weight"):
+      parent[name] = layer_norm(norm)
+  return params | {"Transformer": encoder}
+
+
+# Our model's fields and timm's Eva arguments (eva.py's for the family, tiny).
+EVAS = {
+    "DINOv3": (
+        dict(classifier="gap", class_token=True, num_registers=4, posemb="none", rope="dinov3",
+             layer_scale=True, qkv_bias="none", layer_norm_eps=1e-5, gelu="exact"),
+        dict(qkv_bias=False, init_values=1e-5, rope_type="dinov3", rope_temperature=100,
+             rope_rotate_half=True, use_rot_pos_emb=True, use_abs_pos_emb=False,
+             num_reg_tokens=4, use_fc_norm=False, eps=1e-5)),
+    "EVA-02 B": (
+        dict(classifier="gap", class_token=True, fc_norm=True, rope="eva", rope_ref_grid=16,
+             qkv_bias="qv", mlp="swiglu", mlp_norm=True, posemb_interpolation="bicubic"),
+        dict(qkv_fused=False, swiglu_mlp=True, scale_mlp=True, use_rot_pos_emb=True,
+             ref_feat_shape=(16, 16))),
+}
+
+
+@pytest.mark.parametrize("family", EVAS)
+def test_eva_forms_are_timms_at_two_sizes(family):
+  """timm's eva.py models of the family (tiny): logits at the trained size and another (the
+  rotary grid at the new size, EVA-02's learned embedding resampled as timm does)."""
+  torch, _ = timm_models.import_torch()
+  from timm.models.eva import Eva
+  ours_fields, kw = EVAS[family]
+  norm = functools.partial(torch.nn.LayerNorm, eps=kw.pop("eps", 1e-6))
+  reference = randomised_torch(Eva(**TIMM_TINY, global_pool="avg", dynamic_img_size=True,
+                             norm_layer=norm, **kw))
+  model = vit.VisionTransformer(num_classes=8, dynamic_image_size=True, **ours_fields, **TINY)
+  params = eva_params(reference)
+  for h, w in ((32, 32), (48, 40)):
+    ours = model.apply({"params": params}, images(h, w))
+    np.testing.assert_allclose(np.asarray(ours), timm_models.logits(reference, images(h, w)),
+                               atol=1e-4, rtol=1e-4)
+
+
+EVERY_FIELD = dict(classifier="gap", class_token=True, num_registers=2, pre_norm=True,
+                   layer_scale=True, qkv_bias="qv", mlp="swiglu", mlp_norm=True,
+                   attention_norm=True, rope="eva", rope_ref_grid=16, head_bias=False,
+                   layer_norm_eps=1e-5)
+
+
+def every_field_model(**kw) -> vit.VisionTransformer:
+  return vit.VisionTransformer(num_classes=8, **(EVERY_FIELD | TINY | kw))
+
+
+def test_every_field_on_gives_its_arrays():
+  shapes = jax.eval_shape(every_field_model().init, jax.random.key(0), images(32, 32))["params"]
+  flat = {k: v.shape for k, v in checkpoint.flatten(shapes).items()}
+  block = {k.split("/", 2)[2]: v for k, v in flat.items()
+           if k.startswith("Transformer/encoderblock_0/")}
+  attn, mlp = "MultiHeadDotProductAttention_1/", "MlpBlock_3/"
+  assert block == {
+      "LayerNorm_0/scale": (32,), "LayerNorm_0/bias": (32,),
+      attn + "query/kernel": (32, 2, 16), attn + "query/bias": (2, 16),
+      attn + "key/kernel": (32, 2, 16),
+      attn + "value/kernel": (32, 2, 16), attn + "value/bias": (2, 16),
+      attn + "LayerNorm_0/scale": (32,), attn + "LayerNorm_0/bias": (32,),
+      attn + "out/kernel": (2, 16, 32), attn + "out/bias": (32,),
+      "LayerScale_0/scale": (32,), "LayerNorm_2/scale": (32,), "LayerNorm_2/bias": (32,),
+      mlp + "Dense_0/kernel": (32, 160), mlp + "Dense_0/bias": (160,),
+      mlp + "LayerNorm_0/scale": (80,), mlp + "LayerNorm_0/bias": (80,),
+      mlp + "Dense_1/kernel": (80, 32), mlp + "Dense_1/bias": (32,),
+      "LayerScale_1/scale": (32,)}
+  rest = {k: v for k, v in flat.items() if "/encoderblock_" not in k}
+  assert rest == {
+      "embedding/kernel": (8, 8, 3, 32), "cls": (1, 1, 32), "reg": (1, 2, 32),
+      "Transformer/posembed_input/pos_embedding": (1, 17, 32),
+      "Transformer/pre_norm/scale": (32,), "Transformer/pre_norm/bias": (32,),
+      "Transformer/encoder_norm/scale": (32,), "Transformer/encoder_norm/bias": (32,),
+      "head/kernel": (32, 8)}
+  per_block = 4 * 32 + 2 * (32 * 32 + 32) + 32 * 32 + (32 * 32 + 32) + 2 * 32 + 2 * 32 \
+      + (32 * 160 + 160) + 2 * 80 + (80 * 32 + 32)
+  assert sum(int(np.prod(s)) for s in flat.values()) == (
+      8 * 8 * 3 * 32 + 32 + 2 * 32 + 17 * 32 + 2 * 32 + 2 * per_block + 2 * 32 + 32 * 8)
+
+
+def test_every_field_on_runs_every_way():
+  """The attention paths (the explicit one for the weights), bf16, remat, LoRA and the
+  features of blocks, each on the same random weights."""
+  torch, _ = timm_models.import_torch()  # Before anything imports TensorFlow.
+  model = every_field_model()
+  x = images(40, 32)
+  params = random_like(jax.eval_shape(model.init, jax.random.key(0), x)["params"], 0.3, 0)
+  want = model.apply({"params": params}, x)
+  for other in (model.clone(attention_impl="xla"), model.clone(remat=True)):
+    np.testing.assert_allclose(other.apply({"params": params}, x), want, atol=1e-5, rtol=1e-5)
+  logits, aux = model.apply({"params": params}, x, return_attention=True)
+  assert aux["attention"][0].shape == (2, 2, 23, 23)  # cls, 2 registers, 5x4 patches.
+  np.testing.assert_allclose(logits, want, atol=1e-5, rtol=1e-5)
+  bf16 = model.clone(dtype=jnp.bfloat16).apply({"params": params}, x)
+  np.testing.assert_allclose(bf16, want, atol=0.05 * np.abs(want).max())
+  lora = model.clone(lora_rank=2, lora_targets=("query", "key", "Dense_0", "Dense_1"))
+  adapters = checkpoint.flatten(lora.init(jax.random.key(1), x)["params"])
+  assert "Transformer/encoderblock_0/MlpBlock_3/Dense_0/lora_a" in adapters
+  adapted = checkpoint.unflatten(adapters | checkpoint.flatten(params))
+  # B starts at zero: the adapted model computes what its base does.
+  np.testing.assert_allclose(lora.apply({"params": adapted}, x), want, atol=1e-5, rtol=1e-5)
+  maps, prefix = features.forward_intermediates(model, params, x, [0, 1], norm=True,
+                                                prefix_tokens=True)
+  assert maps[1].shape == (2, 5, 4, 32) and prefix[1].shape == (2, 3, 32)
+
+
+@pytest.mark.parametrize("fields,message", [
+    (dict(qkv_bias="k"), r"qkv_bias='k', expected one of \('qkv', 'qv', 'none'\)"),
+    (dict(mlp="geglu"), r"mlp='geglu', expected one of \('gelu', 'swiglu'\)"),
+    (dict(rope="xpos"), r"rope='xpos', expected one of \('none', 'eva', 'dinov3'\)"),
+    (dict(gelu="fast"), r"gelu='fast', expected one of \('tanh', 'exact', 'quick'\)"),
+    (dict(posemb="rope"), r"posemb='rope', expected one of \('learn', 'sincos2d', 'none'\)"),
+    (dict(rope="dinov3", rope_ref_grid=16), "rope_ref_grid=16 is rope='eva''s pre-training"),
+    (dict(rope="eva", rope_ref_grid=0), "rope_ref_grid=0 is rope='eva''s"),
+    (dict(rope="eva", num_heads=16), "rope='eva' needs a head size divisible by 4, got 2"),
+    (dict(class_token=True, classifier="token"), "class_token=True is for classifier='gap'.*"
+     "has its own"),
+    (dict(class_token=True, classifier="map"), "pools without"),
+    (dict(layer_norm_eps=0.0), "layer_norm_eps=0.0, expected > 0")])
+def test_bad_fields_are_named(fields, message):
+  model = vit.VisionTransformer(num_classes=8, **(TINY | fields))
+  with pytest.raises(ValueError, match=message):
+    jax.eval_shape(model.init, jax.random.key(0), images(32, 32))
+
+
+def test_fields_have_their_roles():
+  layout = models.registry.fields_of(models.Role.LAYOUT)
+  computation = models.registry.fields_of(models.Role.COMPUTATION)
+  assert {"class_token", "pre_norm", "layer_scale", "qkv_bias", "mlp", "mlp_norm",
+          "attention_norm"} <= set(layout)
+  assert {"gelu", "layer_norm_eps", "rope", "rope_ref_grid"} <= set(computation)
+  assert "head_bias" in models.registry.fields_of(models.Role.PRE_LOGITS)
