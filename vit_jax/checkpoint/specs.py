@@ -7,8 +7,9 @@
                               RUN being its workdir (the latest step) or a step directory
   gs://..., other URLs        read where they are
 
-The command lines check paths with it before the library loads, and the library reads
-with it: no other module spells a prefix.
+Anything else is a local file or folder (an .npz, a run's workdir or step directory). The
+command lines check paths with it before they start work, the library reads with it: no
+other module spells a prefix.
 """
 import os
 from typing import Any
