@@ -1,6 +1,7 @@
 """The position-embedding resize, against its references: scipy.ndimage.zoom for bilinear (the
-official ViT code and big_vision), torch's antialiased bicubic for bicubic (timm); and its jax
-path under jit against its numpy path."""
+official ViT code and big_vision), torch's antialiased bicubic for bicubic (timm), torch's plain
+bicubic for bicubic_no_antialias (transformers); and its jax path under jit against its numpy
+path."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,16 +32,19 @@ def test_bilinear_equals_scipy_zoom(old_hw, new_hw):
   np.testing.assert_allclose(got, expected, atol=1e-6)
 
 
+@pytest.mark.parametrize("method", ["bicubic", "bicubic_no_antialias"])
 @pytest.mark.parametrize("old_hw,new_hw", BICUBIC_CASES)
-def test_bicubic_equals_torchs_antialiased_interpolate(old_hw, new_hw):
+def test_bicubic_equals_torchs_interpolate(old_hw, new_hw, method):
+  """timm's antialiased resize; transformers' (ViT, DINOv2, CLIP) without antialias."""
   from vit_jax.models import timm_models
   torch, _ = timm_models.import_torch()
   grid = random_grid(old_hw, seed=1)
   nchw = torch.from_numpy(grid.transpose(2, 0, 1)[None].copy())
   expected = torch.nn.functional.interpolate(nchw, size=new_hw, mode="bicubic",
-                                             align_corners=False, antialias=True)
+                                             align_corners=False,
+                                             antialias=method == "bicubic")
   expected = expected[0].numpy().transpose(1, 2, 0)
-  got = posemb_resize.resample(grid, new_hw, "bicubic")
+  got = posemb_resize.resample(grid, new_hw, method)
   assert got.shape == expected.shape and got.dtype == np.float32
   np.testing.assert_allclose(got, expected, atol=1e-5)
 

@@ -8,6 +8,8 @@ alone, so the forward pass under jit (jax arrays, static sizes) and a checkpoint
   code and big_vision's `resample_posemb` resize.
 - "bicubic": `torch.nn.functional.interpolate(x, mode="bicubic", align_corners=False,
   antialias=True)`, as timm's `resample_abs_pos_embed` resizes by default.
+- "bicubic_no_antialias": the same without antialias (Keys' a = -0.75, no stretched filter),
+  as transformers' ViT, DINOv2 and CLIP `interpolate_pos_encoding` and Meta's DINOv2 resize.
 """
 from typing import Any
 
@@ -15,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-METHODS = ("bilinear", "bicubic")
+METHODS = ("bilinear", "bicubic", "bicubic_no_antialias")
 
 
 def _bilinear(in_size: int, out_size: int) -> np.ndarray:
@@ -60,6 +62,22 @@ def _bicubic_antialiased(in_size: int, out_size: int) -> np.ndarray:
   return mat
 
 
+def _bicubic_plain(in_size: int, out_size: int) -> np.ndarray:
+  """torch's bicubic weights without antialias, align_corners=False (UpSampleKernel.cpp's
+  `guard_index_and_lambda`, `get_cubic_upsample_coefficients`): four taps around each output's
+  source position, clamped to the edges."""
+  scale = in_size / out_size
+  mat = np.zeros((out_size, in_size))
+  for i in range(out_size):
+    source = scale * (i + 0.5) - 0.5
+    index = min(int(np.floor(source)), in_size - 1)
+    lam = min(max(source - index, 0.0), 1.0)
+    weights = _cubic(np.array([lam + 1, lam, 1 - lam, 2 - lam]), a=-0.75)
+    for tap, weight in zip(range(index - 1, index + 3), weights):
+      mat[i, min(max(tap, 0), in_size - 1)] += weight
+  return mat
+
+
 def interpolation_matrix(in_size: int, out_size: int, method: str) -> np.ndarray:
   """The (out_size, in_size) float64 matrix that resizes one axis by `method`."""
   if method not in METHODS:
@@ -68,6 +86,8 @@ def interpolation_matrix(in_size: int, out_size: int, method: str) -> np.ndarray
     raise ValueError(f"sizes must be positive, got in_size={in_size}, out_size={out_size}.")
   if method == "bilinear":
     return _bilinear(in_size, out_size)
+  if method == "bicubic_no_antialias":
+    return _bicubic_plain(in_size, out_size)
   return _bicubic_antialiased(in_size, out_size)
 
 

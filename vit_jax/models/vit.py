@@ -315,7 +315,8 @@ class VisionTransformer(nn.Module):
   lora_targets: Sequence[str] = _field(Role.LORA, lora_lib.DEFAULT_TARGETS)
   # Any input resolution: the position embedding resampled in the forward pass.
   dynamic_image_size: bool = _field(Role.RUNTIME, False)
-  # Or "bicubic" (posemb_resize.METHODS); also how a loaded embedding is resized to the grid.
+  # Or "bicubic" (timm's), "bicubic_no_antialias" (transformers') (posemb_resize.METHODS);
+  # also how a loaded embedding is resized to the grid.
   posemb_interpolation: str = _field(Role.INIT, "bilinear")
   remat: bool = _field(Role.RUNTIME, False)
   dtype: Any = _field(Role.PRECISION, jnp.float32)
