@@ -232,3 +232,19 @@ def test_checkpoints_in_a_bucket_of_ones_own_are_read_through_tf_gfile(tmp_path,
   assert opened == ["gs://my-bucket/vit_models/imagenet21k/ViT-B_16.npz"]
   assert set(flat) == set(arrays)
   np.testing.assert_array_equal(flat["head/kernel"], arrays["head/kernel"])
+
+
+@pytest.mark.parametrize("layout", [
+    {}, {"qkv_bias": "none", "classifier": "gap"},
+    {"pre_norm": True, "layer_scale": True, "qkv_bias": "qv", "mlp": "swiglu", "mlp_norm": True,
+     "attention_norm": True, "head_bias": False}], ids=["official", "no_qkv_bias", "every_field"])
+def test_the_layout_fields_are_read_off_the_arrays(layout):
+  """What the arrays tell (a layout's converted checkpoint is described from them): each
+  field read back, the defaults left out."""
+  arch = dict(patch_size=4, hidden_size=32, mlp_dim=48, num_heads=2, num_layers=2)
+  model = models.vit.VisionTransformer(num_classes=7, **arch, **layout)
+  params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 16, 16, 3)))["params"]
+  inferred = checkpoint.infer_model_config(checkpoint.flatten(jax.device_get(params)))
+  classifier = layout.pop("classifier", "token")
+  assert inferred == {**arch, "classifier": classifier, **layout, "representation_size": None,
+                      "posemb": "learn"}

@@ -26,7 +26,7 @@ from flax import traverse_util
 from vit_jax.checkpoint import description as description_lib
 from vit_jax.checkpoint import patch_resize
 from vit_jax.checkpoint.errors import CheckpointError
-from vit_jax.models import posemb_resize
+from vit_jax.models import posemb_resize, vit
 
 Params = Mapping[str, Any]
 
@@ -139,7 +139,7 @@ def infer_model_config(flat: Mapping[str, np.ndarray]) -> dict[str, Any]:
   kernel = flat["embedding/kernel"]
   config = dict(
       patch_size=kernel.shape[0], hidden_size=kernel.shape[-1],
-      mlp_dim=flat[block + "MlpBlock_3/Dense_0/kernel"].shape[-1],
+      mlp_dim=flat[block + "MlpBlock_3/Dense_1/kernel"].shape[0],
       num_heads=flat[block + "MultiHeadDotProductAttention_1/query/kernel"].shape[1],
       num_layers=len({k.split("/")[1] for k in flat if k.startswith("Transformer/encoderblock_")}),
       representation_size=(flat["pre_logits/kernel"].shape[-1] if "pre_logits/kernel" in flat
@@ -150,6 +150,7 @@ def infer_model_config(flat: Mapping[str, np.ndarray]) -> dict[str, Any]:
     config["num_registers"] = flat["reg"].shape[1]
   if "fc_norm/scale" in flat:
     config["fc_norm"] = True
+  config.update(_block_layout(flat, block))
   if "conv_root/kernel" in flat:
     stages = sorted({k.split("/")[0] for k in flat if re.match(r"block\d+/", k)})
     config["resnet_layers"] = tuple(
@@ -157,6 +158,24 @@ def infer_model_config(flat: Mapping[str, np.ndarray]) -> dict[str, Any]:
         for i in range(len(stages)))
     config["resnet_width_factor"] = flat["conv_root/kernel"].shape[-1] / 64
   return config
+
+
+def _block_layout(flat: Mapping[str, np.ndarray], block: str) -> dict[str, Any]:
+  """The fields the arrays of the blocks and around them tell, where they differ from the
+  default (the official layout)."""
+  attention, mlp = block + "MultiHeadDotProductAttention_1/", block + "MlpBlock_3/"
+  has = lambda key: key in flat  # noqa: E731
+  found = dict(
+      pre_norm=has("Transformer/pre_norm/scale"), layer_scale=has(block + "LayerScale_0/scale"),
+      qkv_bias=("qkv" if has(attention + "key/bias") else
+                "qv" if has(attention + "query/bias") else "none"),
+      # SwiGLU's Dense_0 holds the gate and the value: twice the hidden layer Dense_1 reads.
+      mlp="swiglu" if (flat[mlp + "Dense_0/kernel"].shape[-1] ==
+                       2 * flat[mlp + "Dense_1/kernel"].shape[0]) else "gelu",
+      mlp_norm=has(mlp + "LayerNorm_0/scale"), attention_norm=has(attention + "LayerNorm_0/scale"),
+      head_bias=not has("head/kernel") or has("head/bias"))
+  fields = vit.VisionTransformer.__dataclass_fields__
+  return {k: v for k, v in found.items() if v != fields[k].default}
 
 
 def resize_posemb(posemb: np.ndarray, num_tokens: int, *, has_class_token: bool,
