@@ -244,7 +244,8 @@ EVAS = {
 @pytest.mark.parametrize("family", EVAS)
 def test_eva_forms_are_timms_at_two_sizes(family):
   """timm's eva.py models of the family (tiny): logits at the trained size and another (the
-  rotary grid at the new size, EVA-02's learned embedding resampled as timm does)."""
+  rotary grid at the new size, EVA-02's learned embedding resampled as timm does), and the
+  blocks' features (patches and prefix tokens, normed as timm's `forward_intermediates`)."""
   torch, _ = timm_models.import_torch()
   from timm.models.eva import Eva
   ours_fields, kw = EVAS[family]
@@ -257,6 +258,15 @@ def test_eva_forms_are_timms_at_two_sizes(family):
     ours = model.apply({"params": params}, images(h, w))
     np.testing.assert_allclose(np.asarray(ours), timm_models.logits(reference, images(h, w)),
                                atol=1e-4, rtol=1e-4)
+  maps, prefix = features.forward_intermediates(model, params, images(48, 40), [0, 1],
+                                                norm=True, prefix_tokens=True, output_fmt="NLC")
+  with torch.no_grad():
+    theirs = reference.forward_intermediates(
+        torch.from_numpy(images(48, 40).transpose(0, 3, 1, 2)), indices=[0, 1], norm=True,
+        intermediates_only=True, return_prefix_tokens=True, output_fmt="NLC")
+  for m, p, (tm, tp) in zip(maps, prefix, theirs):
+    np.testing.assert_allclose(np.asarray(m), tm.numpy(), atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(p), tp.numpy(), atol=1e-4, rtol=1e-4)
 
 
 EVERY_FIELD = dict(classifier="gap", class_token=True, num_registers=2, pre_norm=True,

@@ -48,8 +48,9 @@ def forward_intermediates(model: VisionTransformer, params: Any, images: jax.Arr
 
   Each is (batch, H/stride, W/stride, width) ("NHWC") or (batch, tokens, width) ("NLC"),
   patch tokens only; with `prefix_tokens`, (features, prefix) where prefix holds each block's
-  class token and registers, (batch, prefix tokens, width) (gap/map pooling: no class token). `norm`: each through the final
-  LayerNorm. `stop_early`: the blocks after the last one asked for are not run.
+  class token and registers, (batch, prefix tokens, width) (gap/map pooling: no class token
+  unless `class_token`). `norm`: each through the final LayerNorm (none with `fc_norm`, as in
+  timm). `stop_early`: the blocks after the last one asked for are not run.
   """
   if output_fmt not in FORMATS:
     raise ValueError(f"output_fmt={output_fmt!r}, expected one of {FORMATS}.")
@@ -58,7 +59,7 @@ def forward_intermediates(model: VisionTransformer, params: Any, images: jax.Arr
     model, params = prune(model, params, max(take))
   _, state = model.apply({"params": params}, images, mutable=["intermediates"])
   outputs = [state["intermediates"]["Transformer"][f"block_{i}_out"][0] for i in take]
-  if norm:
+  if norm and not model.fc_norm:  # With fc_norm there is no norm before pooling (timm's too).
     layer_norm = nn.LayerNorm(epsilon=model.layer_norm_eps, dtype=model.dtype)
     ln = {"params": params["Transformer"]["encoder_norm"]}
     outputs = [layer_norm.apply(ln, y) for y in outputs]
