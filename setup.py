@@ -62,6 +62,8 @@ EXTRAS = {
         "timm",
         # transformers' ViT: the Hub loader's transformers layout is checked against its forward.
         "transformers",
+        # OpenCLIP's own layout (open_clip_model.safetensors) is checked against encode_image.
+        "open-clip-torch",
         # The serving formats are tested against JAX.
         *EXPORT,
         # `vit-train --compile_only` and its tests compile for TPU slices on any Linux
