@@ -39,6 +39,8 @@ def test_steps_from_epochs_that_a_batch_leaves_too_few_name_the_batch_size():
     ("optimizer.weight_decai", 0.0, "config.optimizer.weight_decai=0.0: unknown field; did you mean weight_decay"),
     ("cpu_devices", 0, "config.cpu_devices=0: must be None or >= 1"),
     ("model.stochastic_depth", 1.5, "config.model.stochastic_depth=1.5: must be in"),
+    ("model.rope", "xpos", "config.model.rope='xpos': expected one of ('none', 'eva', 'dinov3')"),
+    ("model.gelu", "fast", "config.model.gelu='fast': expected one of ('tanh', 'exact', 'quick')"),
 ])
 def test_bad_config_names_the_field(field, value, message):
   c = tiny_config(("mnist", None), **{field: value})

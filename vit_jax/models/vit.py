@@ -25,6 +25,11 @@ POSEMBS = ("learn", "sincos2d", "none")
 # which the softmax cancels), or none (DINOv3).
 QKV_BIASES = ("qkv", "qv", "none")
 
+# The fields that take one of a few values, and those values.
+CHOICES = {"classifier": CLASSIFIERS, "gelu": GELUS, "posemb": POSEMBS,
+           "posemb_interpolation": posemb_resize.METHODS, "qkv_bias": QKV_BIASES, "mlp": MLPS,
+           "rope": rope_lib.KINDS}
+
 
 class Role(enum.Enum):
   """What a `VisionTransformer` field is to the rest of the package, declared with the field:
@@ -362,10 +367,7 @@ class VisionTransformer(nn.Module):
                    self.layer_norm_eps, name="MAPHead_0")(encoded)
 
   def _check_fields(self) -> None:
-    choices = {"classifier": CLASSIFIERS, "gelu": GELUS, "posemb": POSEMBS,
-               "posemb_interpolation": posemb_resize.METHODS, "qkv_bias": QKV_BIASES,
-               "mlp": MLPS, "rope": rope_lib.KINDS}
-    for field, allowed in choices.items():
+    for field, allowed in CHOICES.items():
       if getattr(self, field) not in allowed:
         raise ValueError(f"{field}={getattr(self, field)!r}, expected one of {allowed}.")
     if not 0 <= self.stochastic_depth < 1:

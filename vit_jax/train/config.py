@@ -134,8 +134,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
         "must be in [0, 1) (0: off)")
   check(c.model.stochastic_depth is None or 0 <= c.model.stochastic_depth < 1,
         "model.stochastic_depth", c.model.stochastic_depth, "must be in [0, 1) (0: off)")
-  check(c.model.gelu in (None,) + models.vit.GELUS, "model.gelu", c.model.gelu,
-        f"expected one of {models.vit.GELUS} (None: the checkpoint's, else tanh)")
+  for field, allowed in models.vit.CHOICES.items():
+    check(c.model[field] is None or c.model[field] in allowed, f"model.{field}", c.model[field],
+          f"expected one of {allowed} (None: the checkpoint's or the model's)")
   check(c.model.num_registers is None or c.model.num_registers >= 0, "model.num_registers",
         c.model.num_registers, "must be >= 0 (0: none)")
   check(c.ema_decay is None or 0 < c.ema_decay < 1, "ema_decay", c.ema_decay, "must be in (0, 1)")
