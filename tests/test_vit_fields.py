@@ -5,7 +5,9 @@ same random weights (not init values):
   with its hidden LayerNorm), the attention's inner LayerNorm and each rotary embedding is
   timm's `EvaBlock` (DINOv3, EVA-02) or `Block` (DINOv2), prefix tokens left unrotated.
 - Whole models: CLIP's (pre-norm, QuickGELU, LayerNorm epsilon 1e-5, no patch bias) and
-  DINOv2's (LayerScale) through timm_models.to_npz give timm's logits.
+  DINOv2's (LayerScale) through timm_models.to_npz give timm's logits; timm's DINOv3 and EVA-02
+  (`Eva`) theirs and their blocks' features, at two sizes; transformers' Dinov2Model with
+  SwiGLU its pooled output and tokens, at two sizes.
 - The parameter tree and count of a small model with every field on, its attention paths,
   bf16, remat and LoRA; bad field values named.
 """
@@ -362,3 +364,47 @@ def test_fields_have_their_roles():
           "attention_norm"} <= set(layout)
   assert {"gelu", "layer_norm_eps", "rope", "rope_ref_grid"} <= set(computation)
   assert "head_bias" in models.registry.fields_of(models.Role.PRE_LOGITS)
+
+
+def test_transformers_dinov2_with_swiglu_is_ours_at_two_sizes():
+  """transformers' Dinov2Model (DINOv2-g's SwiGLU, LayerScale) on random weights: its pooled
+  output is our pre-logits, at its size and at another, where it resizes the position
+  embedding with torch's plain bicubic ("bicubic_no_antialias")."""
+  torch, _ = timm_models.import_torch()
+  from transformers import Dinov2Config, Dinov2Model
+  reference = randomised_torch(Dinov2Model(Dinov2Config(
+      hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=HEADS, image_size=32,
+      patch_size=8, use_swiglu_ffn=True)))
+  sd = {k: v.numpy() for k, v in reference.state_dict().items()}
+  lin = lambda k: {"kernel": sd[k + ".weight"].T, "bias": sd[k + ".bias"]}  # noqa: E731
+  norm = lambda k: {"scale": sd[k + ".weight"], "bias": sd[k + ".bias"]}  # noqa: E731
+  encoder = {"posembed_input": {"pos_embedding": sd["embeddings.position_embeddings"]},
+             "encoder_norm": norm("layernorm")}
+  for i in range(2):
+    p = f"encoder.layer.{i}."
+    gate, up = lin(p + "mlp.gate_proj"), lin(p + "mlp.up_proj")
+    attn = {n: heads(sd[f"{p}attention.{s}.weight"], sd[f"{p}attention.{s}.bias"])
+            for n, s in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj"))}
+    attn["out"] = {"kernel": sd[p + "attention.o_proj.weight"].T.reshape(HEADS, -1, WIDTH),
+                   "bias": sd[p + "attention.o_proj.bias"]}
+    encoder[f"encoderblock_{i}"] = {
+        "LayerNorm_0": norm(p + "norm1"), "LayerNorm_2": norm(p + "norm2"),
+        "MultiHeadDotProductAttention_1": attn,
+        "MlpBlock_3": {"Dense_0": {k: np.concatenate([gate[k], up[k]], -1) for k in gate},
+                       "Dense_1": lin(p + "mlp.down_proj")},
+        "LayerScale_0": {"scale": sd[p + "layer_scale1.lambda1"]},
+        "LayerScale_1": {"scale": sd[p + "layer_scale2.lambda1"]}}
+  params = {"cls": sd["embeddings.cls_token"], "Transformer": encoder,
+            "embedding": {"kernel": sd["embeddings.patch_embeddings.projection.weight"].transpose(
+                2, 3, 1, 0), "bias": sd["embeddings.patch_embeddings.projection.bias"]}}
+  model = vit.VisionTransformer(
+      num_classes=None, layer_scale=True, mlp="swiglu", gelu="exact", dynamic_image_size=True,
+      posemb_interpolation="bicubic_no_antialias", **(TINY | {"mlp_dim": 88}))
+  for h, w in ((32, 32), (48, 64)):
+    _, aux = model.apply({"params": params}, images(h, w), return_aux=True)
+    with torch.no_grad():
+      out = reference(torch.from_numpy(images(h, w).transpose(0, 3, 1, 2)))
+    np.testing.assert_allclose(aux["pre_logits"], out.pooler_output.numpy(), atol=1e-4,
+                               rtol=1e-4)
+    np.testing.assert_allclose(aux["encoded"], out.last_hidden_state.numpy(), atol=1e-4,
+                               rtol=1e-4)
