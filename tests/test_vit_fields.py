@@ -203,6 +203,19 @@ def test_dinov2_form_is_timms():
                              atol=1e-4, rtol=1e-4)
 
 
+def test_patch_mean_beside_a_class_token_with_fc_norm_is_timms():
+  """timm's global_pool="avg" with its class token and fc_norm (EVA-02's ImageNet heads'
+  pooling): to_npz moves fc_norm across, the class token stays out of the mean."""
+  reference = timm_vit(global_pool="avg", fc_norm=True)
+  params = checkpoint.unflatten(timm_models.to_npz(reference))
+  assert "fc_norm" in params and "encoder_norm" not in params["Transformer"]
+  model = vit.VisionTransformer(num_classes=8, classifier="gap", class_token=True,
+                                fc_norm=True, gelu="exact", **TINY)
+  ours = model.apply({"params": params}, images(32, 32))
+  np.testing.assert_allclose(np.asarray(ours), timm_models.logits(reference, images(32, 32)),
+                             atol=1e-4, rtol=1e-4)
+
+
 def test_to_npz_refuses_what_it_cannot_convert():
   reference = timm_vit(global_pool="map")
   with pytest.raises(ValueError, match="VisionTransformer has attn_pool \\(MAP head\\), which "
