@@ -3,6 +3,7 @@ name, every array it did not use: no weight is dropped without a word. torch's s
 Linear and a Conv2d come out in flax's."""
 from typing import Any, Mapping
 
+from absl import logging
 import numpy as np
 
 from vit_jax.checkpoint.errors import CheckpointError
@@ -38,6 +39,19 @@ class Source:
     """A torch Linear (weight (out, in), bias) as a flax Dense's `to`kernel (in, out), bias."""
     return {to + "kernel": self.take(prefix + ".weight").T,
             to + "bias": self.take(prefix + ".bias")}
+
+  def leave_out(self, prefixes: tuple[str, ...], why: str) -> list[str]:
+    """Sets aside, with one logged line naming them, the arrays under `prefixes` (a name ending
+    in "." is a group, e.g. a CLIP repo's text tower): what the layout knows and does not load.
+    Returns their names."""
+    names = sorted(k for k in self._left if k.startswith(prefixes))
+    if names:
+      groups = [f"{p}* ({sum(n.startswith(p) for n in names)} arrays)" if p.endswith(".") else p
+                for p in prefixes if any(n.startswith(p) for n in names)]
+      logging.warning("%s: %s; left out: %s.", self.name, why, ", ".join(groups))
+    for name in names:
+      del self._left[name]
+    return names
 
   def check_all_used(self) -> None:
     if self._left:
