@@ -143,10 +143,14 @@ def _patch_line(r: dict[str, Any]) -> str:
 
 
 def _posemb_line(r: dict[str, Any]) -> str:
+  rope = r["fields"].get("rope", "none")
+  rotary = "" if rope == "none" else f", rotary ({rope}) in the attention"
   if r["posemb"] == "learn":
     h, w = r["posemb_grid"]
-    return f"learned, {h}x{w} grid: native resolution {r['image_size']} px"
-  return "fixed 2-D sin-cos: any resolution (224 px assumed here)"
+    return f"learned, {h}x{w} grid{rotary}: native resolution {r['image_size']} px"
+  if r["posemb"] == "none":
+    return f"none{rotary}: any resolution ({r['image_size']} px trained)"
+  return f"fixed 2-D sin-cos{rotary}: any resolution (224 px assumed here)"
 
 
 def _head_lines(r: dict[str, Any]) -> list[tuple[str, str]]:

@@ -1,6 +1,7 @@
 """A checkpoint's arrays taken by name, each once, so that a layout reader can refuse, by
 name, every array it did not use: no weight is dropped without a word. torch's shapes of a
 Linear and a Conv2d come out in flax's."""
+import re
 from typing import Any, Mapping
 
 from absl import logging
@@ -59,3 +60,14 @@ class Source:
       more = f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
       raise CheckpointError(f"{self.name} holds arrays this reader does not understand: "
                             f"{', '.join(names[:_SHOWN])}{more}. Nothing was loaded.")
+
+
+def refuse_unsupported(keys: Any, unsupported: Mapping[str, str], source: str) -> None:
+  """Refuses, by the first of their names, arrays matching a pattern of `unsupported` (regex ->
+  what they hold): parts vit_jax's ViT has no place for, which no reader may drop."""
+  for pattern, what in unsupported.items():
+    found = sorted(k for k in keys if re.search(pattern, k))
+    if found:
+      raise CheckpointError(
+          f"{source} uses {what} ({found[0]}{', ...' if len(found) > 1 else ''}), which vit_jax's "
+          "ViT does not have: it cannot be loaded without changing its outputs.")
