@@ -91,7 +91,7 @@ def test_whole_clip_model_loads_its_image_tower_naming_the_text_tower(tmp_path, 
   assert loaded.description.model["gelu"] == "exact"
   lines = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
   assert len(lines) == 1 and all(w in lines[0] for w in (
-      "text tower", "text_model.* (", "text_projection.* (1 arrays)", "logit_scale")), lines
+      "text tower", "text_model.* (", "text_projection.* (1 array)", "logit_scale")), lines
   x, logits, _ = ours("hf-hub:openai/clip-tiny", OTHER)
   np.testing.assert_allclose(logits, theirs(model, x), atol=1e-4)
 

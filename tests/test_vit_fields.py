@@ -6,8 +6,8 @@ same random weights (not init values):
   timm's `EvaBlock` (DINOv3, EVA-02) or `Block` (DINOv2), prefix tokens left unrotated.
 - Whole models: CLIP's (pre-norm, QuickGELU, LayerNorm epsilon 1e-5, no patch bias) and
   DINOv2's (LayerScale) through timm_models.to_npz give timm's logits; timm's DINOv3 and EVA-02
-  (`Eva`) theirs and their blocks' features, at two sizes; transformers' Dinov2Model with
-  SwiGLU its pooled output and tokens, at two sizes.
+  (`Eva`, read by the Hub's layout, layouts/timm_eva.py) theirs and their blocks' features, at
+  two sizes; transformers' Dinov2Model with SwiGLU its pooled output and tokens, at two sizes.
 - The parameter tree and count of a small model with every field on, its attention paths,
   bf16, remat and LoRA; bad field values named.
 """
@@ -20,6 +20,7 @@ import pytest
 
 from helpers import random_like, randomised_torch
 from vit_jax import checkpoint, models
+from vit_jax.checkpoint.layouts import timm_eva
 from vit_jax.models import features, rope as rope_lib, timm_models, vit
 
 WIDTH, HEADS, HIDDEN, PREFIX, GRID = 32, 2, 80, 5, (4, 6)
@@ -223,32 +224,23 @@ def test_to_npz_refuses_what_it_cannot_convert():
     timm_models.to_npz(reference)
 
 
-def eva_params(model) -> dict:
-  """A timm Eva's weights as our tree."""
-  emb = model.patch_embed.proj
-  params = {"embedding": {"kernel": t(emb.weight).transpose(2, 3, 1, 0), "bias": t(emb.bias)},
-            "cls": t(model.cls_token), "head": dense(model.head)}
-  if model.reg_token is not None:
-    params["reg"] = t(model.reg_token)
-  encoder = {f"encoderblock_{i}": block_params(b) for i, b in enumerate(model.blocks)}
-  if model.pos_embed is not None:
-    encoder["posembed_input"] = {"pos_embedding": t(model.pos_embed)}
-  for norm, parent, name in ((model.norm, encoder, "encoder_norm"),
-                             (model.fc_norm, params, "fc_norm")):
-    if hasattr(norm, "weight"):
-      parent[name] = layer_norm(norm)
-  return params | {"Transformer": encoder}
+def eva_params(model, architecture: str) -> dict:
+  """A timm Eva's weights as our tree, as the Hub's layout reads them (layouts/timm_eva.py)."""
+  arrays = {k: t(v) for k, v in model.state_dict().items()}
+  config = {"architecture": architecture, "global_pool": model.global_pool,
+            "model_args": {"num_heads": HEADS}}
+  return checkpoint.unflatten(timm_eva.to_released(arrays, config, architecture))
 
 
-# Our model's fields and timm's Eva arguments (eva.py's for the family, tiny).
+# Our model's fields and timm's Eva arguments (eva.py's for the family's architecture, tiny).
 EVAS = {
-    "DINOv3": (
+    "vit_small_patch16_dinov3": (
         dict(classifier="gap", class_token=True, num_registers=4, posemb="none", rope="dinov3",
              layer_scale=True, qkv_bias="none", layer_norm_eps=1e-5, gelu="exact"),
         dict(qkv_bias=False, init_values=1e-5, rope_type="dinov3", rope_temperature=100,
              rope_rotate_half=True, use_rot_pos_emb=True, use_abs_pos_emb=False,
              num_reg_tokens=4, use_fc_norm=False, eps=1e-5)),
-    "EVA-02 B": (
+    "eva02_base_patch14_224": (
         dict(classifier="gap", class_token=True, fc_norm=True, rope="eva", rope_ref_grid=16,
              qkv_bias="qv", mlp="swiglu", mlp_norm=True, posemb_interpolation="bicubic"),
         dict(qkv_fused=False, swiglu_mlp=True, scale_mlp=True, use_rot_pos_emb=True,
@@ -256,19 +248,19 @@ EVAS = {
 }
 
 
-@pytest.mark.parametrize("family", EVAS)
-def test_eva_forms_are_timms_at_two_sizes(family):
+@pytest.mark.parametrize("architecture", EVAS)
+def test_eva_forms_are_timms_at_two_sizes(architecture):
   """timm's eva.py models of the family (tiny): logits at the trained size and another (the
   rotary grid at the new size, EVA-02's learned embedding resampled as timm does), and the
   blocks' features (patches and prefix tokens, normed as timm's `forward_intermediates`)."""
   torch, _ = timm_models.import_torch()
   from timm.models.eva import Eva
-  ours_fields, kw = EVAS[family]
+  ours_fields, kw = EVAS[architecture]
   norm = functools.partial(torch.nn.LayerNorm, eps=kw.pop("eps", 1e-6))
   reference = randomised_torch(Eva(**TIMM_TINY, global_pool="avg", dynamic_img_size=True,
                              norm_layer=norm, **kw))
   model = vit.VisionTransformer(num_classes=8, dynamic_image_size=True, **ours_fields, **TINY)
-  params = eva_params(reference)
+  params = eva_params(reference, architecture)
   for h, w in ((32, 32), (48, 40)):
     ours = model.apply({"params": params}, images(h, w))
     np.testing.assert_allclose(np.asarray(ours), timm_models.logits(reference, images(h, w)),

@@ -1,6 +1,7 @@
 """Checkpoints on the Hugging Face Hub, `hf-hub:ORG/NAME[@REVISION]` (timm's spelling), and
 local folders holding the same files: `config.json` beside `model.safetensors` (or its sharded
-index), `preprocessor_config.json` where transformers wrote one.
+index), `preprocessor_config.json` where transformers wrote one; or OpenCLIP's own,
+`open_clip_config.json` beside `open_clip_model.safetensors`, where there is no config.json.
 
 huggingface_hub downloads them, with its own cache and settings (`HF_HOME`, `HF_HUB_CACHE`,
 `HF_HUB_OFFLINE`, `HF_TOKEN` for gated repos); safetensors' numpy reader opens them (no
@@ -20,6 +21,7 @@ from vit_jax.checkpoint.errors import CheckpointError
 
 CONFIG = "config.json"
 PROCESSOR = "preprocessor_config.json"
+OPEN_CLIP_CONFIG = "open_clip_config.json"  # Beside specs.OPEN_CLIP_WEIGHTS.
 
 
 def _hub_error(e: Exception, repo: str, filename: str) -> CheckpointError | None:
@@ -42,7 +44,9 @@ def _hub_error(e: Exception, repo: str, filename: str) -> CheckpointError | None
                            f"({constants.HF_HUB_CACHE}) and {how}.")
   if isinstance(e, errors.EntryNotFoundError):
     return CheckpointError(f"{spec} has no {filename}: vit_jax reads timm's and "
-                           "transformers' ViT repos holding model.safetensors and config.json.")
+                           "transformers' ViT repos holding model.safetensors and config.json, "
+                           "and OpenCLIP's holding open_clip_model.safetensors and "
+                           "open_clip_config.json.")
   if isinstance(e, errors.HfHubHTTPError):
     return CheckpointError(f"{spec}: the Hub answered {e}".splitlines()[0])
   return None
@@ -68,10 +72,14 @@ def _download(repo: str, revision: str | None, filename: str, absent_ok: bool = 
 
 
 def _weight_files(folder: str, get=None) -> list[str]:
-  """model.safetensors, or the shards its index names (each fetched with `get` if given)."""
+  """model.safetensors, the shards its index names (each fetched with `get` if given), or
+  OpenCLIP's file."""
   if os.path.isfile(os.path.join(folder, specs.HUB_WEIGHTS)):
     return [os.path.join(folder, specs.HUB_WEIGHTS)]
-  with open(os.path.join(folder, specs.HUB_WEIGHTS_INDEX), encoding="utf-8") as f:
+  index = os.path.join(folder, specs.HUB_WEIGHTS_INDEX)
+  if not os.path.isfile(index) and os.path.isfile(os.path.join(folder, specs.OPEN_CLIP_WEIGHTS)):
+    return [os.path.join(folder, specs.OPEN_CLIP_WEIGHTS)]
+  with open(index, encoding="utf-8") as f:
     shards = sorted(set(json.load(f)["weight_map"].values()))
   return [get(s) if get else os.path.join(folder, s) for s in shards]
 
@@ -79,7 +87,13 @@ def _weight_files(folder: str, get=None) -> list[str]:
 def fetch(spec: str) -> tuple[str, list[str]]:
   """Downloads (or finds in the cache) what `read` needs: (snapshot folder, weight files)."""
   repo, revision = specs.parse_hub(spec)
-  folder = os.path.dirname(_download(repo, revision, CONFIG))
+  config = _download(repo, revision, CONFIG, absent_ok=True, uncached_ok=True)
+  if config is None and _download(repo, revision, OPEN_CLIP_CONFIG, absent_ok=True,
+                                   uncached_ok=True):
+    weights = _download(repo, revision, specs.OPEN_CLIP_WEIGHTS)
+    return os.path.dirname(weights), [weights]
+  # Where neither config is there, huggingface_hub's own error says why (offline, absent).
+  folder = os.path.dirname(config or _download(repo, revision, CONFIG))
   _download(repo, revision, PROCESSOR, absent_ok=True, uncached_ok=True)
   get = lambda filename: _download(repo, revision, filename)
   if specs.is_hub_folder(folder):
@@ -127,7 +141,8 @@ def read(path: str) -> tuple[dict[str, np.ndarray], Description, str]:
   else:
     folder = os.fspath(path)
     weights = _weight_files(folder)
-  config = _json(os.path.join(folder, CONFIG))
+  open_clip = os.path.basename(weights[0]) == specs.OPEN_CLIP_WEIGHTS
+  config = _json(os.path.join(folder, OPEN_CLIP_CONFIG if open_clip else CONFIG))
   processor = _json(os.path.join(folder, PROCESSOR))
   arrays = read_arrays(weights)
   layout = layouts.find(arrays, path)

@@ -22,6 +22,8 @@ EMA_PREFIX = "ema:"
 # The weights of a Hub repo: one file, or shards named by an index.
 HUB_WEIGHTS = "model.safetensors"
 HUB_WEIGHTS_INDEX = "model.safetensors.index.json"
+# OpenCLIP's own file (beside open_clip_config.json), read where a repo has no model.safetensors.
+OPEN_CLIP_WEIGHTS = "open_clip_model.safetensors"
 
 
 def is_hub(path: Any) -> bool:
@@ -31,7 +33,8 @@ def is_hub(path: Any) -> bool:
 def is_hub_folder(path: Any) -> bool:
   """A local folder laid out as a Hub repo (what `hub.read` takes besides `hf-hub:` specs)."""
   return isinstance(path, (str, os.PathLike)) and any(
-      os.path.isfile(os.path.join(path, f)) for f in (HUB_WEIGHTS, HUB_WEIGHTS_INDEX))
+      os.path.isfile(os.path.join(path, f))
+      for f in (HUB_WEIGHTS, HUB_WEIGHTS_INDEX, OPEN_CLIP_WEIGHTS))
 
 
 def is_augreg(path: Any) -> bool:

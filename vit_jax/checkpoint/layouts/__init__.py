@@ -25,10 +25,11 @@ GELU, class names). `hub.read` fetches a repo's files and hands them to `find`.
 from typing import Any, Mapping
 
 from vit_jax.checkpoint.errors import CheckpointError
-from vit_jax.checkpoint.layouts import timm_eva, timm_vit, transformers_clip, transformers_vit
+from vit_jax.checkpoint.layouts import (open_clip, timm_eva, timm_vit, transformers_clip,
+                                        transformers_vit)
 
 # In order: the first whose `matches` is true reads the file.
-LAYOUTS = (timm_eva, timm_vit, transformers_vit, transformers_clip)
+LAYOUTS = (timm_eva, timm_vit, transformers_vit, transformers_clip, open_clip)
 
 
 def find(arrays: Mapping[str, Any], origin: str):

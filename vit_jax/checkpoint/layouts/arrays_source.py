@@ -18,6 +18,7 @@ class Source:
   def __init__(self, arrays: Mapping[str, Any], name: str):
     self.name = name
     self._left = dict(arrays)
+    self._left_out = []  # leave_out's lines.
 
   def has(self, key: str) -> bool:
     return key in self._left
@@ -42,14 +43,16 @@ class Source:
             to + "bias": self.take(prefix + ".bias")}
 
   def leave_out(self, prefixes: tuple[str, ...], why: str) -> list[str]:
-    """Sets aside, with one logged line naming them, the arrays under `prefixes` (a name ending
-    in "." is a group, e.g. a CLIP repo's text tower): what the layout knows and does not load.
-    Returns their names."""
+    """Sets aside the arrays under `prefixes` (a name ending in "." is a group, e.g. a CLIP
+    repo's text tower): what the layout knows and does not load, named in one logged line
+    once `check_all_used` passes (a refused file says only why it is refused). Returns their
+    names."""
     names = sorted(k for k in self._left if k.startswith(prefixes))
-    if names:
-      groups = [f"{p}* ({sum(n.startswith(p) for n in names)} arrays)" if p.endswith(".") else p
-                for p in prefixes if any(n.startswith(p) for n in names)]
-      logging.warning("%s: %s; left out: %s.", self.name, why, ", ".join(groups))
+    counts = {p: sum(n.startswith(p) for n in names) for p in prefixes}
+    groups = [f"{p}* ({n} array{'s' * (n != 1)})" if p.endswith(".") else p
+              for p, n in counts.items() if n]
+    if groups:
+      self._left_out.append(f"{why}; left out: {', '.join(groups)}")
     for name in names:
       del self._left[name]
     return names
@@ -60,6 +63,8 @@ class Source:
       more = f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
       raise CheckpointError(f"{self.name} holds arrays this reader does not understand: "
                             f"{', '.join(names[:_SHOWN])}{more}. Nothing was loaded.")
+    for line in self._left_out:
+      logging.warning("%s: %s.", self.name, line)
 
 
 def refuse_unsupported(keys: Any, unsupported: Mapping[str, str], source: str) -> None:
