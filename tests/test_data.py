@@ -3,7 +3,6 @@ config's checks, sources (Fashion-MNIST through TFDS, image folders), train/eval
 (preprocessing ops: test_preprocess.py; Debian's Fashion-MNIST files: test_fashion_mnist.py)."""
 import collections
 import hashlib
-import math
 import os
 import re
 
@@ -233,10 +232,10 @@ def test_config_mean_and_std_are_checked():
 
 def _by_tf_resize(images: np.ndarray, size: int, crop: str, method: str) -> np.ndarray:
   """What the evaluation should give: tf.image.resize's own `method` (bicubic clipped)."""
-  if crop == "central_crop":  # Square images: timm's floor(size / crop_pct), torchvision's offset.
-    side = math.floor(size / 0.875)
+  if crop == "central_crop":  # Square images, big_vision's resize_small and central_crop.
+    side = round(size / 0.875)
     resized = tf.image.resize(images, [side, side], method, antialias=True)
-    top = round((side - size) / 2)
+    top = (side - size) // 2
     resized = resized[:, top:top + size, top:top + size]
   else:
     resized = tf.image.resize(images, [size, size], method, antialias=size < images.shape[1])

@@ -2,6 +2,8 @@
 refuse what is inconsistent, released files are described by documented defaults, and a run
 fine-tuned from a checkpoint takes its normalisation (a run's own checkpoints and exports, end to
 end: test_e2e_description.py)."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -46,6 +48,9 @@ def test_preprocessing_states_mean_std_and_interpolation_and_round_trips():
                              preprocessing=pre)
   assert d.to_dict()["format"] == 2
   assert checkpoint.Description.from_json(d.to_json()) == d
+  timm = d.replace(preprocessing=dataclasses.replace(pre, geometry="torchvision"))
+  assert timm.to_dict()["format"] == 4
+  assert checkpoint.Description.from_json(timm.to_json()) == timm
   assert ("input mean (0.485, 0.456, 0.406), std (0.229, 0.224, 0.225) of [0, 1] pixels, "
           "central_crop, bicubic") in d.summary()
   # A value range description is written as before (format 1, no new keys) ...

@@ -1,5 +1,7 @@
-"""data/preprocess.py: the random ops stateless and shape-keeping, mixup as big_vision mixes."""
+"""data/preprocess.py: the random ops stateless and shape-keeping, mixup as big_vision mixes, the
+central crop in big_vision's rounding (timm's: test_timm_eval_transform.py)."""
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from vit_jax.data import preprocess as pp
@@ -45,3 +47,26 @@ def test_mixup_keeps_the_larger_share_as_big_vision():
     np.testing.assert_allclose(mixed["image"][:, 0, 0, 0], expected, rtol=1e-5)
     ratios.append(own[0])
   assert min(ratios) >= 0.5 and max(ratios) < 1
+
+
+def _big_vision_central_crop(image: np.ndarray, size: int, fraction: float) -> np.ndarray:
+  """big_vision's `resize_small(round(size / fraction))|central_crop(size)`, written from its
+  ops: both sides scaled and rounded, the crop's offsets rounded down."""
+  short = round(size / fraction)
+  h, w = image.shape[:2]
+  new = [round(h * short / min(h, w)), round(w * short / min(h, w))]
+  resized = tf.image.resize(image, new, "bilinear", antialias=True).numpy()
+  top, left = (new[0] - size) // 2, (new[1] - size) // 2
+  return resized[top:top + size, left:left + size]
+
+
+@pytest.mark.parametrize("hw", [(333, 517), (517, 333), (97, 301), (225, 226)])
+@pytest.mark.parametrize("size,fraction", [(224, 0.875), (384, 0.875), (97, 0.9)])
+def test_the_big_vision_geometry_is_its_resize_small_and_central_crop(hw, size, fraction):
+  """A checkpoint of the official code, AugReg or a vit_jax run (geometry "big_vision", the
+  default) is evaluated as big_vision cut it; each pixel's own value shows a shift."""
+  image = np.arange(hw[0] * hw[1] * 3, dtype=np.float32).reshape(hw + (3,)) % 251
+  pre = pp.Preprocessing(value_range=(-1, 1), crop="central_crop",
+                         central_crop_fraction=fraction)
+  got = pp.fit(tf.constant(image), size, pre).numpy()
+  np.testing.assert_array_equal(got, _big_vision_central_crop(image, size, fraction))

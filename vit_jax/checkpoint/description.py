@@ -25,7 +25,8 @@ DESCRIPTION_KEY = "__vit_jax_description__"  # The .npz entry (a 0-d unicode arr
 # (no mean and std, bilinear) is written without those keys as format 1, which vit_jax
 # versions before them read; theirs refuse format 2 saying to upgrade.
 # 3: `parent_sha256` (a LoRA run's base, by content); written only where set.
-FORMAT = 3
+# 4: the preprocessing's `geometry`; written only where it is not big_vision's.
+FORMAT = 4
 _PREPROCESSING_SINCE_2 = {"mean": None, "std": None, "interpolation": "bilinear"}
 # The official code's and big_vision's evaluation input: bilinear resize to the resolution,
 # RGB, [0, 255] -> [-1, 1], as the input pipeline's defaults.
@@ -82,6 +83,10 @@ class Description:
       del d["parent_sha256"]
     else:
       fmt = 3
+    if d["preprocessing"]["geometry"] == "big_vision":
+      del d["preprocessing"]["geometry"]
+    else:
+      fmt = 4
     return {"format": fmt, **d}
 
   def to_json(self) -> str:

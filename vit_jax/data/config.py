@@ -8,8 +8,9 @@ from vit_jax.config_errors import check, check_known
 TRAIN_CROPS = ("inception", "random_crop", "resize")
 # How evaluation fits an image to image_size (preprocess.fit): resized to it; or, as timm's
 # crop_mode center / squash / border, the shorter side / both sides / the longer side resized
-# to floor(image_size / central_crop_fraction), a short side padded (letterbox), the centre
-# cut out.
+# to image_size / central_crop_fraction, a short side padded (letterbox), the centre cut out,
+# rounded as big_vision does (a checkpoint's description may name timm's rounding instead:
+# input_contract.GEOMETRIES).
 EVAL_CROPS = ("resize", "central_crop", "squash_central_crop", "letterbox_central_crop")
 ON_BAD_IMAGE = ("fail", "skip")
 RANDAUG_POLICIES = ("augreg", "paper")  # randaugment.POLICIES' keys.

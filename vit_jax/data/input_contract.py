@@ -12,6 +12,13 @@ from vit_jax.data import config as data_config
 # tf.image.resize's methods a checkpoint's evaluation may name: the official code's and
 # big_vision's bilinear, timm's and transformers' usual bicubic.
 INTERPOLATIONS = ("bilinear", "bicubic")
+# Whose arithmetic places a central crop (preprocess.fit): the resize target
+# size / central_crop_fraction and the shorter side's partner, then the crop's offsets.
+# "big_vision": rounded, rounded, rounded down: the official code's, big_vision's and AugReg's
+# `resize_small(round(size / fraction))|central_crop(size)`, and vit_jax's own runs.
+# "torchvision": truncated, truncated, rounded half to even: timm's transforms_imagenet_eval
+# (torchvision's Resize and CenterCrop).
+GEOMETRIES = ("big_vision", "torchvision")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +39,7 @@ class Preprocessing:
   mean: tuple[float, ...] | None = None  # Per channel, of pixels in [0, 1]; with std.
   std: tuple[float, ...] | None = None
   interpolation: str = "bilinear"  # INTERPOLATIONS: how images are resized.
+  geometry: str = "big_vision"  # GEOMETRIES: the *central_crop's rounding.
 
   def __post_init__(self):
     for field, value in _checked(self).items():
@@ -82,6 +90,8 @@ def _checked(p: Preprocessing) -> dict[str, Any]:
   field that is wrong."""
   if p.crop not in data_config.EVAL_CROPS:
     raise _invalid("crop", p.crop, f"expected one of {data_config.EVAL_CROPS}")
+  if p.geometry not in GEOMETRIES:
+    raise _invalid("geometry", p.geometry, f"expected one of {GEOMETRIES}")
   if p.interpolation not in INTERPOLATIONS:
     raise _invalid("interpolation", p.interpolation, f"expected one of {INTERPOLATIONS}")
   if not 0 < p.central_crop_fraction <= 1:

@@ -42,11 +42,16 @@ def resize(images: tf.Tensor, size: int, method: str = "bilinear") -> tf.Tensor:
   return tf.image.resize(images, [size, size], method, antialias=not enlarging)
 
 
-def resize_shorter_side(images: tf.Tensor, side: int, method: str = "bilinear") -> tf.Tensor:
-  """Resizes so that the shorter side is `side` and the longer side * long // short, as
-  torchvision's Resize(side) does (the longer side truncated, not rounded)."""
+def resize_shorter_side(images: tf.Tensor, side: int, method: str = "bilinear",
+                        truncate: bool = True) -> tf.Tensor:
+  """Resizes so that the shorter side is `side` and the longer side side * long / short,
+  truncated as torchvision's Resize(side) does, or rounded as big_vision's resize_small."""
   hw = tf.shape(images)[-3:-1]
-  return tf.image.resize(images, hw * side // tf.reduce_min(hw), method, antialias=True)
+  if truncate:
+    return tf.image.resize(images, hw * side // tf.reduce_min(hw), method, antialias=True)
+  hw = tf.cast(hw, tf.float32)
+  new_hw = tf.cast(tf.round(hw * (side / tf.reduce_min(hw))), tf.int32)
+  return tf.image.resize(images, tf.maximum(new_hw, side), method, antialias=True)
 
 
 def resize_longer_side(images: tf.Tensor, side: int, method: str = "bilinear") -> tf.Tensor:
@@ -59,11 +64,14 @@ def resize_longer_side(images: tf.Tensor, side: int, method: str = "bilinear") -
                          antialias=True)
 
 
-def central_crop(images: tf.Tensor, size: int) -> tf.Tensor:
+def central_crop(images: tf.Tensor, size: int, round_offsets: bool = True) -> tf.Tensor:
   """The central size x size window of images at least that large; an odd margin's offset
-  rounded half to even, as torchvision's CenterCrop (int(round(margin / 2)))."""
-  hw = tf.shape(images)[-3:-1]
-  top, left = tf.unstack(tf.cast(tf.round(tf.cast(hw - size, tf.float32) / 2), tf.int32))
+  rounded half to even, as torchvision's CenterCrop (int(round(margin / 2))), or down, as
+  big_vision's central_crop."""
+  margin = tf.shape(images)[-3:-1] - size
+  offsets = (tf.cast(tf.round(tf.cast(margin, tf.float32) / 2), tf.int32) if round_offsets
+             else margin // 2)
+  top, left = tf.unstack(offsets)
   crop = images[..., top:top + size, left:left + size, :]
   crop.set_shape(images.shape[:-3] + (size, size, images.shape[-1]))
   return crop
@@ -161,25 +169,27 @@ def mixup(batch: dict[str, tf.Tensor], rng: tf.Tensor, alpha: float,
 
 def fit(images: tf.Tensor, size: int, preprocessing: Preprocessing) -> tf.Tensor:
   """One image [H, W, C] or a batch at size x size as `preprocessing.crop` fits it, with its
-  interpolation, in the geometry of timm's `transforms_imagenet_eval`: 'resize' to size x size;
-  else resized to scale = floor(size / central_crop_fraction) ('central_crop': the shorter
+  interpolation, in the rounding of its `geometry` (input_contract.GEOMETRIES; "torchvision":
+  timm's `transforms_imagenet_eval` exactly): 'resize' to size x size;
+  else resized to scale = size / central_crop_fraction ('central_crop': the shorter
   side; 'squash_central_crop': both sides; 'letterbox_central_crop': the longer side, the
   shorter padded to size with `_letterbox_fill`), then the centre cut out. float32 in
   [0, 255]: bicubic's overshoot is clipped, as timm's PIL images and `serving.images`' uint8
   ones are."""
   method, crop = preprocessing.interpolation, preprocessing.crop
+  torchvision = preprocessing.geometry == "torchvision"
   if crop == "resize":
     images = resize(images, size, method)
   else:
-    scale = math.floor(size / preprocessing.central_crop_fraction)
+    scale = (math.floor if torchvision else round)(size / preprocessing.central_crop_fraction)
     if crop == "central_crop":
-      images = resize_shorter_side(images, scale, method)
+      images = resize_shorter_side(images, scale, method, truncate=torchvision)
     elif crop == "squash_central_crop":
       images = resize(images, scale, method)
     else:
       images = pad_to(resize_longer_side(images, scale, method), size,
                       _letterbox_fill(preprocessing))
-    images = central_crop(images, size)
+    images = central_crop(images, size, round_offsets=torchvision)
   return tf.clip_by_value(images, 0.0, 255.0) if method == "bicubic" else images
 
 

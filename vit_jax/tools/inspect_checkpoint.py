@@ -170,9 +170,9 @@ def _head_lines(r: dict[str, Any]) -> list[tuple[str, str]]:
 
 # Preprocessing.crop in words ({} is central_crop_fraction).
 _CROP_WORDS = {"resize": "resized",
-               "central_crop": "shorter side to floor(size / {:g}), central crop",
-               "squash_central_crop": "both sides to floor(size / {:g}), central crop",
-               "letterbox_central_crop": "longer side to floor(size / {:g}), padded, central crop"}
+               "central_crop": "shorter side to size / {:g}, central crop",
+               "squash_central_crop": "both sides to size / {:g}, central crop",
+               "letterbox_central_crop": "longer side to size / {:g}, padded, central crop"}
 
 
 def _description_lines(d: dict[str, Any]) -> list[tuple[str, str]]:
@@ -180,6 +180,7 @@ def _description_lines(d: dict[str, Any]) -> list[tuple[str, str]]:
   pre, assumed = checkpoint.Preprocessing(**d["preprocessing"]), set(d["assumed"])
   note = lambda field: " (assumed: the file does not record it)" if field in assumed else ""  # noqa: E731
   crop = _CROP_WORDS[pre.crop].format(pre.central_crop_fraction)
+  crop += f" in {pre.geometry}'s rounding" if pre.crop != "resize" else ""
   crop += f" ({pre.interpolation})" if pre.interpolation != "bilinear" else ""
   rows = [("input", f"{d['image_size']} px RGB, {crop}; {pre.normalisation()}"
            + note("preprocessing"))]

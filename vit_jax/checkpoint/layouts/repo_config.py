@@ -64,7 +64,8 @@ def timm_preprocessing(config: Mapping[str, Any]) -> desc_lib.Preprocessing:
       std=tuple(float(v) for v in cfg.get("std", IMAGENET_STD)),
       interpolation="bilinear" if cfg.get("interpolation") == "bilinear" else "bicubic",
       crop=_TIMM_CROPS.get(cfg.get("crop_mode"), "central_crop"),
-      central_crop_fraction=float(cfg.get("crop_pct") or _DEFAULT_CROP_PCT))
+      central_crop_fraction=float(cfg.get("crop_pct") or _DEFAULT_CROP_PCT),
+      geometry="torchvision")
 
 
 def timm_description(flat: Mapping[str, np.ndarray], fields: dict[str, Any],
