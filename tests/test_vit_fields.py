@@ -222,6 +222,10 @@ def test_to_npz_refuses_what_it_cannot_convert():
   with pytest.raises(ValueError, match="VisionTransformer has attn_pool \\(MAP head\\), which "
                      "to_npz does not convert"):
     timm_models.to_npz(reference)
+  torch, timm = timm_models.import_torch()
+  eva = timm.create_model("vit_small_patch16_dinov3", pretrained=False, **TIMM_TINY)
+  with pytest.raises(ValueError, match="not its Eva: save it .* layouts/timm_eva.py"):
+    timm_models.to_npz(eva)
 
 
 def eva_params(model, architecture: str) -> dict:

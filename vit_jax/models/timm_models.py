@@ -130,6 +130,10 @@ def to_npz(model) -> dict[str, np.ndarray]:
   """A timm ViT's weights as original-layout .npz keys (the inverse of timm's `_load_weights`),
   with the fields' arrays where it has them: LayerScale, `norm_pre` (a patch embedding without
   bias), `fc_norm`, no qkv bias. Raises ValueError naming what has no arrays of ours."""
+  if type(model).__name__ != "VisionTransformer":  # eva.py's Eva: gamma_1, q_bias, rope...
+    raise ValueError(f"to_npz converts timm's VisionTransformer, not its {type(model).__name__}: "
+                     "save it (timm's save_for_hf) and load the folder, which "
+                     "vit_jax.checkpoint reads with its layouts (eva.py's: layouts/timm_eva.py).")
   if unconverted := _unconverted(model):
     raise ValueError(f"timm's {type(model).__name__} has {', '.join(unconverted)}, which "
                      "to_npz does not convert.")
