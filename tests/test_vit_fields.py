@@ -38,57 +38,27 @@ def heads(w: np.ndarray, b) -> dict:
   return out
 
 
-def layer_norm(norm) -> dict:
-  return {"scale": t(norm.weight), "bias": t(norm.bias)}
-
-
-def dense(linear) -> dict:
-  return {"kernel": t(linear.weight).T, "bias": t(linear.bias)}
-
-
-def attention_params(attn) -> dict:
-  """timm's EvaAttention or Attention (fused or separate projections) as ours."""
-  if getattr(attn, "qkv", None) is not None:
-    ws = np.split(t(attn.qkv.weight), 3)
-    if getattr(attn, "q_bias", None) is not None:  # EvaAttention: q and v biases, k none.
-      bs = (t(attn.q_bias), None, t(attn.v_bias))
-    else:
-      bs = np.split(t(attn.qkv.bias), 3) if attn.qkv.bias is not None else (None,) * 3
-  else:
-    projs = (attn.q_proj, attn.k_proj, attn.v_proj)
-    ws = [t(p.weight) for p in projs]
-    bs = [None if p.bias is None else t(p.bias) for p in projs]
-  out = {n: heads(w, b) for n, w, b in zip(("query", "key", "value"), ws, bs)}
-  out["out"] = {"kernel": t(attn.proj.weight).T.reshape(HEADS, -1, WIDTH),
-                "bias": t(attn.proj.bias)}
-  if hasattr(getattr(attn, "norm", None), "weight"):  # EVA-02 CLIP's inner norm.
-    out["LayerNorm_0"] = layer_norm(attn.norm)
-  return out
-
-
-def mlp_params(mlp) -> dict:
-  out = {"Dense_1": dense(mlp.fc2)}
-  if hasattr(mlp, "fc1_g"):  # timm's SwiGLU: separate gate and value layers.
-    gate, value = dense(mlp.fc1_g), dense(mlp.fc1_x)
-    out["Dense_0"] = {k: np.concatenate([gate[k], value[k]], -1) for k in gate}
-  else:
-    out["Dense_0"] = dense(mlp.fc1)
-  if hasattr(mlp.norm, "weight"):
-    out["LayerNorm_0"] = layer_norm(mlp.norm)
-  return out
-
-
 def block_params(block) -> dict:
-  out = {"LayerNorm_0": layer_norm(block.norm1), "LayerNorm_2": layer_norm(block.norm2),
-         "MultiHeadDotProductAttention_1": attention_params(block.attn),
-         "MlpBlock_3": mlp_params(block.mlp)}
-  for i, gamma in enumerate((getattr(block, "gamma_1", None), getattr(block, "gamma_2", None))):
-    if gamma is not None:
-      out[f"LayerScale_{i}"] = {"scale": t(gamma)}
-  if hasattr(block, "ls1") and hasattr(block.ls1, "gamma"):
-    out["LayerScale_0"], out["LayerScale_1"] = {"scale": t(block.ls1.gamma)}, {
-        "scale": t(block.ls2.gamma)}
-  return out
+  """A timm block's weights as our block's, through the package's own mappings: an EvaBlock's
+  as layouts/timm_eva.py reads it (block 0 of a model of its family, placeholders around it),
+  a VisionTransformer Block's as timm_models.to_npz converts it."""
+  if type(block).__name__ != "EvaBlock":
+    return checkpoint.unflatten(timm_models._block(block, WIDTH, HEADS))
+  zeros = np.zeros((1, 1, WIDTH), np.float32)
+  arrays = {f"blocks.0.{k}": t(v) for k, v in block.state_dict().items()} | {
+      "patch_embed.proj.weight": np.zeros((WIDTH, 3, 1, 1), np.float32),
+      "patch_embed.proj.bias": zeros[0, 0], "cls_token": zeros, "norm.weight": zeros[0, 0],
+      "norm.bias": zeros[0, 0]}
+  # DINOv3's blocks rotate the halves of each head, EVA-02's adjacent pairs.
+  family = "vit_small_patch16_dinov3" if block.attn.rotate_half else "eva02_base_patch14_224"
+  return eva_tree(arrays, family)["Transformer"]["encoderblock_0"]
+
+
+def eva_tree(arrays: dict, architecture: str) -> dict:
+  """An Eva's state dict (numpy; avg pooling) as our tree, as the Hub's layout reads it."""
+  config = {"architecture": architecture, "global_pool": "avg",
+            "model_args": {"num_heads": HEADS}}
+  return checkpoint.unflatten(timm_eva.to_released(arrays, config, architecture))
 
 
 def eva_block(**kw):
@@ -228,14 +198,6 @@ def test_to_npz_refuses_what_it_cannot_convert():
     timm_models.to_npz(eva)
 
 
-def eva_params(model, architecture: str) -> dict:
-  """A timm Eva's weights as our tree, as the Hub's layout reads them (layouts/timm_eva.py)."""
-  arrays = {k: t(v) for k, v in model.state_dict().items()}
-  config = {"architecture": architecture, "global_pool": model.global_pool,
-            "model_args": {"num_heads": HEADS}}
-  return checkpoint.unflatten(timm_eva.to_released(arrays, config, architecture))
-
-
 # Our model's fields and timm's Eva arguments (eva.py's for the family's architecture, tiny).
 EVAS = {
     "vit_small_patch16_dinov3": (
@@ -264,7 +226,7 @@ def test_eva_forms_are_timms_at_two_sizes(architecture):
   reference = randomised_torch(Eva(**TIMM_TINY, global_pool="avg", dynamic_img_size=True,
                              norm_layer=norm, **kw))
   model = vit.VisionTransformer(num_classes=8, dynamic_image_size=True, **ours_fields, **TINY)
-  params = eva_params(reference, architecture)
+  params = eva_tree({k: t(v) for k, v in reference.state_dict().items()}, architecture)
   for h, w in ((32, 32), (48, 40)):
     ours = model.apply({"params": params}, images(h, w))
     np.testing.assert_allclose(np.asarray(ours), timm_models.logits(reference, images(h, w)),
