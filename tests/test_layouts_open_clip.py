@@ -78,8 +78,9 @@ def test_image_tower_matches_open_clip_at_two_sizes(quick_gelu, vision, tmp_path
               posemb_interpolation="bicubic")
   assert {k: d.model[k] for k in want} == want
   pre = d.preprocessing
-  assert (pre.mean, pre.std, pre.crop, pre.central_crop_fraction, pre.interpolation) == (
-      (0.5, 0.4, 0.3), (0.2, 0.25, 0.3), "central_crop", 1.0, "bicubic")
+  assert (pre.mean, pre.std, pre.crop, pre.central_crop_fraction, pre.interpolation,
+          pre.geometry) == ((0.5, 0.4, 0.3), (0.2, 0.25, 0.3), "central_crop", 1.0, "bicubic",
+                            "torchvision")
   # The same files in a local folder read the same.
   again = checkpoint.load(str(folder), image_size=OTHER)
   jax.tree.map(np.testing.assert_array_equal, again.params, loaded.params)
@@ -106,3 +107,27 @@ def test_resize_modes(mode, crop):
   from vit_jax.checkpoint.layouts import open_clip
   pre = open_clip.preprocessing({"preprocess_cfg": {"resize_mode": mode}}, "x")
   assert (pre.crop, pre.interpolation, pre.mean) == (crop, "bicubic", open_clip.OPENAI_CLIP_MEAN)
+
+
+@pytest.mark.parametrize("hw", [(333, 517), (517, 333), (97, 301)])
+def test_eval_pixels_are_open_clips(hw):
+  """'shortest' and 'squash' through preprocess.fit against open_clip's image_transform (PIL),
+  on a smooth image (bicubic's overshoot on noise is PIL's uint8 clip between its passes): the
+  same geometry, pixels within what the two resize kernels leave (1.25 levels, as timm's)."""
+  import open_clip
+  import tensorflow as tf
+  from PIL import Image
+  from vit_jax.checkpoint.layouts import open_clip as layout
+  from vit_jax.data import preprocess
+  rng = np.random.default_rng(0)
+  coarse = rng.integers(0, 256, (hw[0] // 8 + 2, hw[1] // 8 + 2, 3), dtype=np.uint8)
+  image = np.asarray(Image.fromarray(coarse).resize(hw[::-1], Image.BILINEAR))
+  for mode in ("shortest", "squash"):
+    cfg = {"preprocess_cfg": {"resize_mode": mode, "interpolation": "bicubic"}}
+    pre = layout.preprocessing(cfg, "x")
+    ours = preprocess.apply_preprocessing(tf.constant(image), pre, 224, normalise=False)
+    pil = Image.fromarray(image)
+    for step in open_clip.image_transform(224, is_train=False, resize_mode=mode).transforms[:-2]:
+      pil = step(pil)
+    np.testing.assert_allclose(ours, np.asarray(pil, np.float32), rtol=0, atol=1.25,
+                               err_msg=f"{hw} {mode}")

@@ -75,8 +75,8 @@ def test_image_tower_matches_transformers_at_two_sizes(cls, tmp_path, hub_cache)
               posemb_interpolation="bicubic_no_antialias")
   assert {k: d.model[k] for k in want} == want
   pre = d.preprocessing
-  assert (pre.crop, pre.central_crop_fraction, pre.interpolation) == ("central_crop", 1.0,
-                                                                      "bicubic")
+  assert (pre.crop, pre.central_crop_fraction, pre.interpolation, pre.geometry) == (
+      "central_crop", 1.0, "bicubic", "torchvision")
   assert pre.mean == (0.48145466, 0.4578275, 0.40821073)
   assert pre.std == (0.26862954, 0.26130258, 0.27577711)
 
@@ -122,3 +122,21 @@ def test_processor_config_gives_its_geometry(processor, want):
   assert (pre.crop, pre.central_crop_fraction, pre.interpolation) == want
   image = np.zeros((301, 517, 3), np.float32)
   assert tuple(preprocess.fit(image, 224, pre).shape) == (224, 224, 3)
+
+
+@pytest.mark.parametrize("width,shift", [(229, 0), (230, 0), (227, 1), (231, 1)])
+def test_crop_offset_against_clip_image_processor(width, shift):
+  """The documented difference: transformers crops at int(margin / 2), vit_jax's 'central_crop'
+  at torchvision's round-half-to-even, one pixel apart where the margin is 3 mod 4. Each pixel
+  its own value (the shorter side already at 224: no resize)."""
+  import tensorflow as tf
+  import transformers
+  from vit_jax.checkpoint.layouts import transformers_clip
+  from vit_jax.data import preprocess
+  image = np.arange(224 * width * 3, dtype=np.float64).reshape(224, width, 3) % 251
+  processor = transformers.CLIPImageProcessor(do_rescale=False, do_normalize=False)
+  theirs = processor(images=image.astype(np.uint8), return_tensors="np").pixel_values[0]
+  pre = transformers_clip.processor_preprocessing(processor.to_dict())
+  ours = preprocess.apply_preprocessing(tf.constant(image.astype(np.uint8)), pre, 224,
+                                        normalise=False).numpy()
+  np.testing.assert_array_equal(ours[:, :224 - shift], theirs.transpose(1, 2, 0)[:, shift:])

@@ -19,7 +19,7 @@ Other resolutions: the position embedding's grid is resampled as open_clip's
 `resize_pos_embed` does when it loads weights at another `image_size` (torch's bicubic with
 antialiasing: 'bicubic'). Preprocessing (`preprocess_cfg`, open_clip's `image_transform`):
 'shortest' is torchvision's Resize(size) and CenterCrop(size), vit_jax's 'central_crop' at
-fraction 1 exactly; 'squash' a resize to size x size; 'longest' ResizeKeepRatio(longest=1) and
+fraction 1 in torchvision's geometry exactly; 'squash' a resize to size x size; 'longest' ResizeKeepRatio(longest=1) and
 CenterCropOrPad, vit_jax's 'letterbox_central_crop', which pads with round(255 * mean) as timm
 does where open_clip pads with `fill_color` (0 by default).
 """
@@ -141,7 +141,7 @@ def preprocessing(config: Mapping[str, Any], source: str) -> desc_lib.Preprocess
       mean=tuple(float(v) for v in cfg.get("mean", OPENAI_CLIP_MEAN)),
       std=tuple(float(v) for v in cfg.get("std", OPENAI_CLIP_STD)),
       interpolation="bilinear" if cfg.get("interpolation") == "bilinear" else "bicubic",
-      crop=_CROPS[mode], central_crop_fraction=1.0)
+      crop=_CROPS[mode], central_crop_fraction=1.0, geometry="torchvision")
 
 
 def _image_size(config: Mapping[str, Any], source: str) -> int:
