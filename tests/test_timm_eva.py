@@ -140,3 +140,18 @@ def test_timm_vit_claims_no_eva_arrays():
   for form in FORMS:
     keys = timm_model(form).state_dict().keys()
     assert layouts.find(keys, form) is timm_eva
+
+
+def test_heads_come_from_the_architecture_without_model_args(tmp_path):
+  """The Hub's configs mostly name no model_args: EVA-02 Ti's 3 heads of 64 come from its
+  width, as eva.py defines eva02_tiny_patch14_224."""
+  _, timm = timm_models.import_torch()
+  model = randomised_torch(timm.create_model(
+      "eva02_tiny_patch14_224", pretrained=False, patch_size=8, img_size=SIZE, depth=2,
+      num_classes=0))
+  config = save(model, tmp_path / "tiny")
+  del config["model_args"]
+  (tmp_path / "tiny" / "config.json").write_text(json.dumps(config))
+  loaded = checkpoint.load(str(tmp_path / "tiny"))
+  assert loaded.model.num_heads == 3
+  assert_timms(loaded, model, images(SIZE, SIZE))

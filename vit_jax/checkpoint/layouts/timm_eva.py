@@ -72,7 +72,8 @@ def _family(config: Mapping[str, Any], source: str) -> tuple[dict[str, Any], flo
 
 
 def _rope(args: Mapping[str, Any], source: str) -> dict[str, Any]:
-  """The model's rope fields for Eva's rotary arguments; refuses the forms it has not."""
+  """The model's rope fields for Eva's rotary arguments; refuses the rotary forms, and the
+  post-norm or grouped-query blocks, that the ViT here has not."""
   unsupported = {k: args[k] for k in ("use_post_norm", "num_kv_heads", "rope_grid_offset")
                  if args[k]}
   if args["attn_type"] != "eva" or args["rope_grid_indexing"] != "ij":
