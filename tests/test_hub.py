@@ -123,7 +123,7 @@ def test_missing_repo_offline(capsys, hub_cache):
   assert_one_line_error(capsys, ["hf-hub:not-a-spec"], "hf-hub:ORG/NAME")
 
 
-def test_truncated_safetensors_and_layerscale(capsys, tmp_path, hub_cache):
+def test_truncated_safetensors_and_qk_norm(capsys, tmp_path, hub_cache):
   torch, timm = timm_models.import_torch()
   from timm.models import _hub
   _, folder, _ = timm_repo(tmp_path, "token")
@@ -132,11 +132,11 @@ def test_truncated_safetensors_and_layerscale(capsys, tmp_path, hub_cache):
   write_repo(hub_cache, "timm/truncated", {f: folder / f for f in os.listdir(folder)})
   assert_one_line_error(capsys, ["hf-hub:timm/truncated"], "damaged", "download it again")
   model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=SIZE,
-                            init_values=0.1, reg_tokens=4, no_embed_class=True)
-  _hub.save_for_hf(model, tmp_path / "ls", safe_serialization=True)
-  write_repo(hub_cache, "timm/layerscale", {f: tmp_path / "ls" / f for f in os.listdir(
-      tmp_path / "ls")})
-  assert_one_line_error(capsys, ["hf-hub:timm/layerscale"], "LayerScale", "ls1.gamma")
+                            qk_norm=True, reg_tokens=4, no_embed_class=True)
+  _hub.save_for_hf(model, tmp_path / "qk", safe_serialization=True)
+  write_repo(hub_cache, "timm/qk_norm", {f: tmp_path / "qk" / f for f in os.listdir(
+      tmp_path / "qk")})
+  assert_one_line_error(capsys, ["hf-hub:timm/qk_norm"], "query/key normalisation", "q_norm")
 
 
 def test_unknown_arrays_are_refused_by_name(capsys, tmp_path, hub_cache):

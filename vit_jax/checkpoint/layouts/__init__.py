@@ -26,10 +26,12 @@ from typing import Any, Mapping
 
 from vit_jax.checkpoint.errors import CheckpointError
 from vit_jax.checkpoint.layouts import (open_clip, timm_eva, timm_vit, transformers_clip,
-                                        transformers_vit)
+                                        transformers_dinov2, transformers_vit)
 
-# In order: the first whose `matches` is true reads the file.
-LAYOUTS = (timm_eva, timm_vit, transformers_vit, transformers_clip, open_clip)
+# In order: the first whose `matches` is true reads the file (transformers_dinov2 before
+# transformers_vit, whose names a Dinov2Model shares).
+LAYOUTS = (timm_eva, timm_vit, transformers_dinov2, transformers_vit, transformers_clip,
+           open_clip)
 
 
 def find(arrays: Mapping[str, Any], origin: str):

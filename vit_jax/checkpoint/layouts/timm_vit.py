@@ -3,13 +3,16 @@ released layout, with numpy alone: the inverse of timm's `_load_weights`.
 
 Covers timm's `VisionTransformer` and its hybrids: class token or none, `token` / `avg` / `map`
 pooling, `fc_norm` (the final norm after pooling), registers with or without position
-embeddings (`no_embed_class`), an old-style `pre_logits.fc`, SigLIP's attention-pool head, and
-the ResNet-v2 stems of `vit_*_r50_*`, `vit_*_r26_*` and `vit_tiny_r_s16_p8`. What the model here
-cannot express (LayerScale, a pre-norm, q/k norms, avg pooling beside a class token) is refused
-by name, as is any array this reader does not use: nothing is dropped without a word.
+embeddings (`no_embed_class`), an old-style `pre_logits.fc`, SigLIP's attention-pool head, the
+ResNet-v2 stems of `vit_*_r50_*`, `vit_*_r26_*` and `vit_tiny_r_s16_p8`, and the families built
+on it: DINOv2 (`*_dinov2*`: LayerScale, registers, the giant's `SwiGLUPacked` MLP, whose fc1
+holds the gate and then the value as our `swiglu` Dense_0) and CLIP's image towers
+(`*_clip_*`: `norm_pre`, no patch bias, LayerNorm epsilon 1e-5, the projection as a head whose
+bias timm's converter wrote as zeros, QuickGELU where timm says so). What the model here cannot
+express (q/k norms, BEiT's q/v biases, avg pooling beside a class token) is refused by name, as
+is any array this reader does not use: nothing is dropped without a word.
 """
 import math
-import re
 from typing import Any, Mapping
 
 import numpy as np
@@ -20,10 +23,9 @@ from vit_jax.checkpoint.layouts import arrays_source, repo_config
 from vit_jax.checkpoint.npz import POSEMB_KEY
 
 NAME = "timm"
+_CLIP_LAYER_NORM_EPS = 1e-5  # timm's `*_clip_*` ViTs: partial(LayerNorm, eps=1e-5).
 # Arrays timm models hold that this ViT has no place for: the reason, said once.
 _UNSUPPORTED = {
-    r"\.ls[12]\.gamma$": "LayerScale (blocks.N.ls1.gamma / ls2.gamma)",
-    r"^norm_pre\.": "a pre-norm before the blocks (norm_pre, CLIP's layout)",
     r"\.(q_norm|k_norm)\.": "query/key normalisation (q_norm, k_norm)",
     r"\.attn\.(q_bias|v_bias)$": "separate query/value biases (BEiT's layout)",
 }
@@ -31,15 +33,6 @@ _UNSUPPORTED = {
 
 def matches(keys: Any) -> bool:
   return "patch_embed.proj.weight" in keys and "blocks.0.attn.qkv.weight" in keys
-
-
-def _refuse_unsupported(keys: Any, source: str) -> None:
-  for pattern, what in _UNSUPPORTED.items():
-    found = sorted(k for k in keys if re.search(pattern, k))
-    if found:
-      raise CheckpointError(
-          f"{source} uses {what} ({found[0]}{', ...' if len(found) > 1 else ''}), which vit_jax's "
-          "ViT does not have: it cannot be loaded without changing its outputs.")
 
 
 def _backbone(src: arrays_source.Source) -> dict[str, np.ndarray]:
@@ -96,13 +89,16 @@ def _tokens(src: arrays_source.Source) -> dict[str, np.ndarray]:
 
 
 def _attention(src: arrays_source.Source, p: str, q: str, heads: int) -> dict[str, np.ndarray]:
-  """timm's fused qkv and proj (block `p`) as query/key/value/out of block `q`."""
-  w, b = src.take(p + "attn.qkv.weight"), src.take(p + "attn.qkv.bias")
+  """timm's fused qkv and proj (block `p`) as query/key/value/out of block `q`; a qkv without
+  bias (`qkv_bias=False`) as the model's qkv_bias="none"."""
+  w = src.take(p + "attn.qkv.weight")
+  b = src.take(p + "attn.qkv.bias") if src.has(p + "attn.qkv.bias") else None
   d = w.shape[1]
   out = {}
   for n, name in enumerate(("query", "key", "value")):
     out[q + f"{name}/kernel"] = w[n * d:(n + 1) * d].T.reshape(d, heads, d // heads)
-    out[q + f"{name}/bias"] = b[n * d:(n + 1) * d].reshape(heads, d // heads)
+    if b is not None:
+      out[q + f"{name}/bias"] = b[n * d:(n + 1) * d].reshape(heads, d // heads)
   out[q + "out/kernel"] = src.take(p + "attn.proj.weight").T.reshape(heads, d // heads, d)
   out[q + "out/bias"] = src.take(p + "attn.proj.bias")
   return out
@@ -115,8 +111,12 @@ def _blocks(src: arrays_source.Source, heads: int) -> dict[str, np.ndarray]:
     out[q + "LayerNorm_0/scale"], out[q + "LayerNorm_0/bias"] = src.take_pair(p + "norm1")
     out |= _attention(src, p, q + "MultiHeadDotProductAttention_1/", heads)
     out[q + "LayerNorm_2/scale"], out[q + "LayerNorm_2/bias"] = src.take_pair(p + "norm2")
+    # A GELU Mlp, or SwiGLUPacked (DINOv2-g): fc1 twice as wide as fc2 reads, gate first.
     out |= src.linear(p + "mlp.fc1", q + "MlpBlock_3/Dense_0/")
     out |= src.linear(p + "mlp.fc2", q + "MlpBlock_3/Dense_1/")
+    if src.has(p + "ls1.gamma"):  # LayerScale (DINOv2), on both branches.
+      out[q + "LayerScale_0/scale"] = src.take(p + "ls1.gamma")
+      out[q + "LayerScale_1/scale"] = src.take(p + "ls2.gamma")
     i += 1
   return out
 
@@ -158,12 +158,15 @@ def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
                 source: str) -> dict[str, np.ndarray]:
   """timm's state dict (numpy) as flat original-layout arrays; raises CheckpointError
   naming any array it does not use."""
-  _refuse_unsupported(arrays, source)
+  arrays_source.refuse_unsupported(arrays, _UNSUPPORTED, source)
   src = arrays_source.Source(arrays, source)
   _check_pooling(config, src)
   out = _backbone(src) if any(k.startswith("patch_embed.backbone.") for k in arrays) else {}
   out["embedding/kernel"] = src.conv("patch_embed.proj.weight")
-  out["embedding/bias"] = src.take("patch_embed.proj.bias")
+  if src.has("norm_pre.weight"):  # CLIP: a pre-norm, and a patch embedding without bias.
+    out["Transformer/pre_norm/scale"], out["Transformer/pre_norm/bias"] = src.take_pair("norm_pre")
+  else:
+    out["embedding/bias"] = src.take("patch_embed.proj.bias")
   out |= _tokens(src)
   fc1 = arrays["blocks.0.mlp.fc1.weight"]
   layers = len({k.split(".")[1] for k in arrays if k.startswith("blocks.")})
@@ -175,16 +178,46 @@ def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
       out[key + "/scale"], out[key + "/bias"] = src.take_pair(name)
   if src.has("attn_pool.latent"):
     out |= _attention_pool(src, heads)
-  for prefix, to in (("pre_logits.fc", "pre_logits/"), ("head", "head/")):
-    if src.has(prefix + ".weight"):
-      out |= src.linear(prefix, to)
+  if src.has("pre_logits.fc.weight"):
+    out |= src.linear("pre_logits.fc", "pre_logits/")
+  if src.has("head.weight"):
+    out |= _head(src, clip="Transformer/pre_norm/scale" in out)
   src.check_all_used()
   return out
+
+
+def _head(src: arrays_source.Source, clip: bool) -> dict[str, np.ndarray]:
+  """The classifier. A CLIP tower's (`clip`) is CLIP's projection, to which timm's converter
+  gave an all-zero bias: left out, as the model's head_bias=False."""
+  out = {"head/kernel": src.take("head.weight").T}
+  if src.has("head.bias"):
+    bias = src.take("head.bias")
+    if not clip or np.any(bias):
+      out["head/bias"] = bias
+  return out
+
+
+def gelu(config: Mapping[str, Any]) -> str:
+  """"quick" for weights trained with OpenAI's QuickGELU, as timm tells them: its `_quickgelu`
+  models (act_layer='quick_gelu'), or a pretrained_cfg noting "natively QuickGELU" (the openai
+  and metaclip tags, whose non-quickgelu models timm runs with the exact GELU); else
+  repo_config's rule (Google's tanh, timm's exact)."""
+  act = str((config.get("model_args") or {}).get("act_layer") or "")
+  notes = " ".join((config.get("pretrained_cfg") or {}).get("notes") or ())
+  if (act.replace("_", "") == "quickgelu" or "_quickgelu" in config.get("architecture", "")
+      or "natively QuickGELU" in notes):
+    return "quick"
+  return repo_config.timm_gelu(config)
 
 
 def describe(flat: Mapping[str, np.ndarray], fields: dict[str, Any], config: Mapping[str, Any],
              processor: Mapping[str, Any], origin: str) -> desc_lib.Description:
   """The description timm's config.json gives: resolution, preprocessing, classes, GELU
-  (timm repos have no preprocessor_config; the origin changes nothing)."""
+  (timm repos have no preprocessor_config; the origin changes nothing), with timm's LayerNorm
+  epsilon (1e-5 in its CLIP towers, the pre-norm models; else 1e-6) and its resampling of the
+  position embedding to another size (antialiased bicubic)."""
   del processor, origin
-  return repo_config.timm_description(flat, fields, config, repo_config.timm_gelu(config))
+  fields = fields | {"posemb_interpolation": "bicubic"}
+  if fields.get("pre_norm"):
+    fields["layer_norm_eps"] = _CLIP_LAYER_NORM_EPS
+  return repo_config.timm_description(flat, fields, config, gelu(config))

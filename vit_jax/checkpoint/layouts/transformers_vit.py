@@ -53,19 +53,30 @@ def _block(src: arrays_source.Source, i: int, heads: int) -> dict[str, np.ndarra
   return out
 
 
-def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
-                source: str) -> dict[str, np.ndarray]:
-  """transformers' ViT state dict (numpy) as flat original-layout arrays; raises
-  CheckpointError naming any array it does not use."""
-  src = arrays_source.Source({k.removeprefix("vit."): v for k, v in arrays.items()}, source)
+def num_heads(config: Mapping[str, Any], source: str) -> int:
   heads = int(config.get("num_attention_heads") or 0)
   if not heads:
     raise CheckpointError(f"{source}: its config.json names no num_attention_heads.")
+  return heads
+
+
+def embeddings(src: arrays_source.Source) -> dict[str, np.ndarray]:
+  """The patch embedding, class token and position embedding under `embeddings.` (ViT's and
+  DINOv2's names)."""
   e, out = "embeddings.", {}
   out["embedding/kernel"] = src.conv(e + "patch_embeddings.projection.weight")
   out["embedding/bias"] = src.take(e + "patch_embeddings.projection.bias")
   out["cls"] = src.take(e + "cls_token")
   out[POSEMB_KEY] = src.take(e + "position_embeddings")
+  return out
+
+
+def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
+                source: str) -> dict[str, np.ndarray]:
+  """transformers' ViT state dict (numpy) as flat original-layout arrays; raises
+  CheckpointError naming any array it does not use."""
+  src = arrays_source.Source({k.removeprefix("vit."): v for k, v in arrays.items()}, source)
+  heads, out = num_heads(config, source), embeddings(src)
   i = 0
   while src.has(f"encoder.layer.{i}.layernorm_before.weight"):
     out |= _block(src, i, heads)

@@ -1,0 +1,107 @@
+"""transformers' DINOv2 weights (`Dinov2Model`, as facebook/dinov2-* on the Hugging Face Hub hold
+them) in the released layout, with numpy alone.
+
+As transformers 5 runs them (models/dinov2/modeling_dinov2.py): a class token with a position
+embedding, LayerScale (`layer_scale1/2.lambda1`) on both branches, the LayerNorm epsilon of
+config.json, the exact GELU MLP or, with `use_swiglu_ffn` (dinov2-giant), SwiGLU, whose
+`weights_in` holds the gate and then the value as our `swiglu` Dense_0. At another input size
+transformers resamples the position embedding with torch's plain bicubic (no antialias, no
+offset): the description's `posemb_interpolation` "bicubic_no_antialias". `mask_token` serves
+masked pre-training only and is left out. Preprocessing: BitImageProcessor's (the shorter side
+to `size.shortest_edge`, bicubic, the centre `crop_size`), which reads as CLIPImageProcessor's
+(transformers_clip.processor_preprocessing; the crop's offset a pixel apart from torchvision's
+on some sizes, as that module says). `Dinov2ForImageClassification`'s head reads the class
+token and the patches' mean side by side, which vit_jax's ViT has no pooling for: refused.
+"""
+from typing import Any, Mapping
+
+import numpy as np
+
+from vit_jax import models
+from vit_jax.checkpoint import description as desc_lib
+from vit_jax.checkpoint.errors import CheckpointError
+from vit_jax.checkpoint.layouts import arrays_source, transformers_clip, transformers_vit
+
+NAME = "transformers DINOv2"
+_PREFIX = "dinov2."  # Dinov2ForImageClassification's backbone.
+
+
+def matches(keys: Any) -> bool:
+  return any(k.removeprefix(_PREFIX) == "encoder.layer.0.layer_scale1.lambda1" for k in keys)
+
+
+def _mlp(src: arrays_source.Source, p: str, q: str) -> dict[str, np.ndarray]:
+  if src.has(p + "weights_in.weight"):  # SwiGLU: [gate; value] packed, as our Dense_0.
+    names = ("weights_in", "weights_out")
+  else:
+    names = ("fc1", "fc2")
+  return src.linear(p + names[0], q + "Dense_0/") | src.linear(p + names[1], q + "Dense_1/")
+
+
+def _block(src: arrays_source.Source, i: int, heads: int) -> dict[str, np.ndarray]:
+  p, q = f"encoder.layer.{i}.", f"Transformer/encoderblock_{i}/"
+  att, out = q + "MultiHeadDotProductAttention_1/", {}
+  out[q + "LayerNorm_0/scale"], out[q + "LayerNorm_0/bias"] = src.take_pair(p + "norm1")
+  for name in ("query", "key", "value"):
+    a = p + f"attention.attention.{name}."
+    w = src.take(a + "weight").T
+    out[att + f"{name}/kernel"] = w.reshape(w.shape[0], heads, -1)
+    if src.has(a + "bias"):  # Else config.qkv_bias=false.
+      out[att + f"{name}/bias"] = src.take(a + "bias").reshape(heads, -1)
+  dense = src.linear(p + "attention.output.dense", "")
+  out[att + "out/kernel"] = dense["kernel"].reshape(heads, -1, dense["kernel"].shape[-1])
+  out[att + "out/bias"] = dense["bias"]
+  out[q + "LayerScale_0/scale"] = src.take(p + "layer_scale1.lambda1")
+  out[q + "LayerNorm_2/scale"], out[q + "LayerNorm_2/bias"] = src.take_pair(p + "norm2")
+  out |= _mlp(src, p + "mlp.", q + "MlpBlock_3/")
+  out[q + "LayerScale_1/scale"] = src.take(p + "layer_scale2.lambda1")
+  return out
+
+
+def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
+                source: str) -> dict[str, np.ndarray]:
+  """transformers' Dinov2Model state dict (numpy) as flat original-layout arrays; raises
+  CheckpointError for a classifier on [class token, patch mean] and for any array it does not
+  use."""
+  if "classifier.weight" in arrays:
+    raise CheckpointError(
+        f"{source} is a Dinov2ForImageClassification, whose head reads the class token and the "
+        "patches' mean concatenated, a pooling vit_jax's ViT does not have: load its backbone "
+        "(the dinov2.* arrays, a Dinov2Model) instead.")
+  src = arrays_source.Source({k.removeprefix(_PREFIX): v for k, v in arrays.items()}, source)
+  heads, out = transformers_vit.num_heads(config, source), transformers_vit.embeddings(src)
+  if src.has("embeddings.mask_token"):  # Masked pre-training's input; inference never reads it.
+    src.take("embeddings.mask_token")
+  i = 0
+  while src.has(f"encoder.layer.{i}.norm1.weight"):
+    out |= _block(src, i, heads)
+    i += 1
+  out["Transformer/encoder_norm/scale"], out["Transformer/encoder_norm/bias"] = src.take_pair(
+      "layernorm")
+  src.check_all_used()
+  return out
+
+
+def _image_size(config: Mapping[str, Any], processor: Mapping[str, Any]) -> int:
+  """What the processor feeds the model: its centre crop (facebook/dinov2-*: 224 of 256), else
+  config.json's image_size (518: the position embedding's)."""
+  crop = processor.get("crop_size") if processor.get("do_center_crop", True) else None
+  side = crop.get("height") if isinstance(crop, dict) else crop
+  return int(side or config.get("image_size", desc_lib.DEFAULT_IMAGE_SIZE))
+
+
+def describe(flat: Mapping[str, np.ndarray], fields: dict[str, Any], config: Mapping[str, Any],
+             processor: Mapping[str, Any], origin: str) -> desc_lib.Description:
+  """The description config.json and preprocessor_config.json give: the exact GELU (or SwiGLU),
+  the config's LayerNorm epsilon, transformers' resampling of the position embedding, and the
+  processor's crop as the resolution (the embedding, e.g. 518 px's, is fitted to it on load)."""
+  act = str(config.get("hidden_act", "gelu"))
+  if act != "gelu" and fields.get("mlp") != "swiglu":
+    raise CheckpointError(f"{origin}: hidden_act={act!r} is not a GELU vit_jax's ViT runs.")
+  fields = fields | {"gelu": "exact", "layer_norm_eps": float(config.get("layer_norm_eps", 1e-6)),
+                     "posemb_interpolation": "bicubic_no_antialias"}
+  return desc_lib.Description(
+      model=fields, model_name=models.registry.match_name(fields), num_classes=None,
+      image_size=_image_size(config, processor),
+      # BitImageProcessor: CLIPImageProcessor's resize, crop and defaults.
+      preprocessing=transformers_clip.processor_preprocessing(processor))
