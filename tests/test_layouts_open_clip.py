@@ -62,7 +62,11 @@ def ours(spec: str, size: int):
 def test_image_tower_matches_open_clip_at_two_sizes(quick_gelu, vision, tmp_path, hub_cache,
                                                     caplog):
   folder = open_clip_repo(tmp_path, quick_gelu, **vision)
-  write_repo(hub_cache, "laion/tiny", {f: folder / f for f in os.listdir(folder)})
+  files = {f: folder / f for f in os.listdir(folder)}
+  if vision:  # A config.json (e.g. transformers') beside OpenCLIP's files, no model.safetensors.
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "clip"}))
+    files["config.json"] = tmp_path / "config.json"
+  write_repo(hub_cache, "laion/tiny", files)
   with caplog.at_level(logging.WARNING):
     for size in (SIZE, OTHER):
       x, logits, loaded = ours("hf-hub:laion/tiny", size)
@@ -131,3 +135,30 @@ def test_eval_pixels_are_open_clips(hw):
       pil = step(pil)
     np.testing.assert_allclose(ours, np.asarray(pil, np.float32), rtol=0, atol=1.25,
                                err_msg=f"{hw} {mode}")
+
+
+@pytest.mark.parametrize("files,want", [
+    (("open_clip_config.json", "open_clip_model.safetensors"), "open_clip_model.safetensors"),
+    (("config.json", "open_clip_config.json", "open_clip_model.safetensors"),
+     "open_clip_model.safetensors"),
+    (("config.json", "model.safetensors", "open_clip_config.json", "open_clip_model.safetensors"),
+     "model.safetensors"),
+])
+def test_fetch_asks_for_open_clips_files_where_the_repo_has_no_model_safetensors(
+    files, want, tmp_path, monkeypatch):
+  """hub.fetch online, before anything is cached: each file asked for is downloaded, or is
+  absent from the repo."""
+  from vit_jax.checkpoint import errors, hub
+  asked = []
+
+  def download(repo, revision, filename, absent_ok=False, uncached_ok=False):
+    asked.append(filename)
+    if filename in files:
+      return str(tmp_path / filename)
+    if absent_ok:
+      return None
+    raise errors.CheckpointError(f"no {filename}")
+
+  monkeypatch.setattr(hub, "_download", download)
+  folder, weights = hub.fetch("hf-hub:laion/tiny")
+  assert folder == str(tmp_path) and weights == [str(tmp_path / want)], asked

@@ -1,7 +1,8 @@
 """Checkpoints on the Hugging Face Hub, `hf-hub:ORG/NAME[@REVISION]` (timm's spelling), and
 local folders holding the same files: `config.json` beside `model.safetensors` (or its sharded
 index), `preprocessor_config.json` where transformers wrote one; or OpenCLIP's own,
-`open_clip_config.json` beside `open_clip_model.safetensors`, where there is no config.json.
+`open_clip_config.json` beside `open_clip_model.safetensors`, where there is no
+`model.safetensors`.
 
 huggingface_hub downloads them, with its own cache and settings (`HF_HOME`, `HF_HUB_CACHE`,
 `HF_HUB_OFFLINE`, `HF_TOKEN` for gated repos); safetensors' numpy reader opens them (no
@@ -84,14 +85,20 @@ def _weight_files(folder: str, get=None) -> list[str]:
   return [get(s) if get else os.path.join(folder, s) for s in shards]
 
 
+def _open_clip_weights(repo: str, revision: str | None) -> list[str]:
+  """OpenCLIP's weight file, where the repo holds its config; [] where it does not."""
+  if _download(repo, revision, OPEN_CLIP_CONFIG, absent_ok=True, uncached_ok=True) is None:
+    return []
+  return [_download(repo, revision, specs.OPEN_CLIP_WEIGHTS)]
+
+
 def fetch(spec: str) -> tuple[str, list[str]]:
   """Downloads (or finds in the cache) what `read` needs: (snapshot folder, weight files)."""
   repo, revision = specs.parse_hub(spec)
   config = _download(repo, revision, CONFIG, absent_ok=True, uncached_ok=True)
-  if config is None and _download(repo, revision, OPEN_CLIP_CONFIG, absent_ok=True,
-                                   uncached_ok=True):
-    weights = _download(repo, revision, specs.OPEN_CLIP_WEIGHTS)
-    return os.path.dirname(weights), [weights]
+  weights = [] if config else _open_clip_weights(repo, revision)
+  if weights:
+    return os.path.dirname(weights[0]), weights
   # Where neither config is there, huggingface_hub's own error says why (offline, absent).
   folder = os.path.dirname(config or _download(repo, revision, CONFIG))
   _download(repo, revision, PROCESSOR, absent_ok=True, uncached_ok=True)
@@ -101,6 +108,9 @@ def fetch(spec: str) -> tuple[str, list[str]]:
   if _download(repo, revision, specs.HUB_WEIGHTS, absent_ok=True):
     return folder, [os.path.join(folder, specs.HUB_WEIGHTS)]
   if _download(repo, revision, specs.HUB_WEIGHTS_INDEX, absent_ok=True) is None:
+    weights = _open_clip_weights(repo, revision)
+    if weights:
+      return folder, weights
     raise CheckpointError(f"{spec} holds no {specs.HUB_WEIGHTS} (nor a sharded index): vit_jax "
                           "reads safetensors weights; a repo with pytorch_model.bin only needs "
                           "converting first.")
