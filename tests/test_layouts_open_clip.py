@@ -108,9 +108,10 @@ def test_refusals_are_one_line(capsys, tmp_path, hub_cache):
 @pytest.mark.parametrize("mode,crop", [("squash", "resize"),
                                        ("longest", "letterbox_central_crop")])
 def test_resize_modes(mode, crop):
-  from vit_jax.checkpoint.layouts import open_clip
+  from vit_jax.checkpoint.layouts import open_clip, repo_config
   pre = open_clip.preprocessing({"preprocess_cfg": {"resize_mode": mode}}, "x")
-  assert (pre.crop, pre.interpolation, pre.mean) == (crop, "bicubic", open_clip.OPENAI_CLIP_MEAN)
+  assert (pre.crop, pre.interpolation, pre.mean) == (crop, "bicubic",
+                                                     repo_config.OPENAI_CLIP_MEAN)
 
 
 @pytest.mark.parametrize("hw", [(333, 517), (517, 333), (97, 301)])

@@ -2,7 +2,6 @@
 CLIPVisionModelWithProjection, a whole CLIPModel's vision half) from a Hub cache written in
 huggingface_hub's layout (offline), against transformers' own forward with random weights in
 every array, at the native resolution and at another (interpolate_pos_encoding)."""
-import json
 import logging
 import os
 

@@ -34,8 +34,6 @@ from vit_jax.checkpoint.layouts import arrays_source, repo_config
 from vit_jax.checkpoint.npz import POSEMB_KEY
 
 NAME = "OpenCLIP"
-OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 _CROPS = {"shortest": "central_crop", "squash": "resize", "longest": "letterbox_central_crop"}
 _POOLS = ("tok", "avg")
 
@@ -138,8 +136,8 @@ def preprocessing(config: Mapping[str, Any], source: str) -> desc_lib.Preprocess
   if mode not in _CROPS:
     raise CheckpointError(f"{source}: preprocess_cfg.resize_mode={mode!r} is not open_clip's.")
   return desc_lib.Preprocessing(
-      mean=tuple(float(v) for v in cfg.get("mean", OPENAI_CLIP_MEAN)),
-      std=tuple(float(v) for v in cfg.get("std", OPENAI_CLIP_STD)),
+      mean=tuple(float(v) for v in cfg.get("mean", repo_config.OPENAI_CLIP_MEAN)),
+      std=tuple(float(v) for v in cfg.get("std", repo_config.OPENAI_CLIP_STD)),
       interpolation="bilinear" if cfg.get("interpolation") == "bilinear" else "bicubic",
       crop=_CROPS[mode], central_crop_fraction=1.0, geometry="torchvision")
 

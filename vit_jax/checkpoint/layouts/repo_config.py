@@ -16,6 +16,9 @@ _TANH_TAGS = ("augreg_in21k", "augreg_in21k_ft_in1k", "augreg_in1k", "orig_in21k
               "orig_in21k_ft_in1k", "sam_in1k", "webli", "v2_webli")
 # timm's defaults where a pretrained_cfg leaves them out.
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+# OpenAI CLIP's, the default of CLIPImageProcessor and of open_clip's preprocess_cfg.
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 _DEFAULT_CROP_PCT = 0.875
 # timm's crop_mode (any other: 'center') -> Preprocessing.crop, which preprocess.fit applies
 # in the geometry of timm's eval transform.

@@ -41,8 +41,6 @@ _GELUS = {"quick_gelu": "quick", "gelu": "exact", "gelu_pytorch_tanh": "tanh", "
           "gelu_fast": "tanh"}
 # A CLIPModel's arrays beside its image tower's.
 _TEXT_TOWER = ("text_model.", "text_projection.", "logit_scale")
-OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 _BICUBIC = 3  # PIL's resample code.
 
 
@@ -140,8 +138,8 @@ def processor_preprocessing(processor: Mapping[str, Any]) -> desc_lib.Preprocess
   """CLIPImageProcessor's preprocessor_config.json: the shorter side resized to
   size.shortest_edge, the centre crop_size cut out (crop_size / shortest_edge is the central
   crop fraction), normalised with its mean and std (OpenAI's by default)."""
-  mean = processor.get("image_mean", OPENAI_CLIP_MEAN)
-  std = processor.get("image_std", OPENAI_CLIP_STD)
+  mean = processor.get("image_mean", repo_config.OPENAI_CLIP_MEAN)
+  std = processor.get("image_std", repo_config.OPENAI_CLIP_STD)
   if not processor.get("do_normalize", True):
     mean, std = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
   interpolation = "bilinear" if processor.get("resample", _BICUBIC) == 2 else "bicubic"
