@@ -1,7 +1,7 @@
 """DINOv2 and CLIP image towers from the Hub, offline, against their own frameworks with random
 weights in every array, at the native resolution and at another (the position embedding
 resampled as each framework does): timm's `*_dinov2*` and `*_clip_*` ViTs (layouts/timm_vit.py)
-and transformers' Dinov2Model (layouts/transformers_dinov2.py)."""
+and transformers' Dinov2Model and Dinov2WithRegistersModel (layouts/transformers_dinov2.py)."""
 import json
 import os
 
@@ -90,16 +90,19 @@ def test_timm_dinov2_and_clip_match_timm_at_two_sizes(kind, tmp_path, hub_cache)
     np.testing.assert_allclose(ours, timm_models.logits(model, x), atol=1e-6, err_msg=str(kw))
 
 
-def dinov2_repo(tmp_path, swiglu: bool, head: bool = False):
-  """(transformers Dinov2Model at 98 px, its folder with a BitImageProcessor cropping 56 px)."""
+def dinov2_repo(tmp_path, swiglu: bool, head: bool = False, registers: int = 0):
+  """(transformers Dinov2Model, or Dinov2WithRegistersModel, at 98 px; its folder with a
+  BitImageProcessor cropping 56 px)."""
   torch, _ = timm_models.import_torch()
   import transformers
-  config = transformers.Dinov2Config(
+  name = "Dinov2WithRegisters" if registers else "Dinov2"
+  config = getattr(transformers, name + "Config")(
       image_size=98, patch_size=14, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-      layer_norm_eps=1e-6, use_swiglu_ffn=swiglu, num_labels=5)
-  cls = transformers.Dinov2ForImageClassification if head else transformers.Dinov2Model
+      layer_norm_eps=1e-6, use_swiglu_ffn=swiglu, num_labels=5,
+      **(dict(num_register_tokens=registers) if registers else {}))
+  cls = getattr(transformers, name + ("ForImageClassification" if head else "Model"))
   model = perturbed(cls(config), torch, 0.02)
-  folder = tmp_path / f"dinov2_{swiglu}_{head}"
+  folder = tmp_path / f"{name}_{swiglu}_{head}"
   model.save_pretrained(folder)
   transformers.BitImageProcessor(
       size={"shortest_edge": 64}, crop_size={"height": 56, "width": 56}, resample=3,
@@ -107,10 +110,11 @@ def dinov2_repo(tmp_path, swiglu: bool, head: bool = False):
   return model, folder
 
 
-@pytest.mark.parametrize("swiglu", [False, True])
-def test_transformers_dinov2_matches_transformers_at_two_sizes(swiglu, tmp_path, hub_cache):
+@pytest.mark.parametrize("swiglu,registers", [(False, 0), (True, 0), (False, 4)])
+def test_transformers_dinov2_matches_transformers_at_two_sizes(swiglu, registers, tmp_path,
+                                                              hub_cache):
   torch, _ = timm_models.import_torch()
-  model, folder = dinov2_repo(tmp_path, swiglu)
+  model, folder = dinov2_repo(tmp_path, swiglu, registers=registers)
   write_repo(hub_cache, "facebook/dinov2-tiny", {f: folder / f for f in os.listdir(folder)})
   loaded = checkpoint.load("hf-hub:facebook/dinov2-tiny")
   d = loaded.description
@@ -118,6 +122,7 @@ def test_transformers_dinov2_matches_transformers_at_two_sizes(swiglu, tmp_path,
   assert (d.model["gelu"], d.model["layer_norm_eps"], d.model["layer_scale"]) == (
       "exact", 1e-6, True)
   assert d.model.get("mlp", "gelu") == ("swiglu" if swiglu else "gelu")
+  assert d.model.get("num_registers", 0) == registers
   pre = d.preprocessing
   assert (pre.mean, pre.std, pre.crop, pre.central_crop_fraction, pre.interpolation) == (
       IMAGENET_MEAN, IMAGENET_STD, "central_crop", 56 / 64, "bicubic")
@@ -131,8 +136,8 @@ def test_transformers_dinov2_matches_transformers_at_two_sizes(swiglu, tmp_path,
                                atol=1e-5, err_msg=str(size))  # Unit-scale features.
 
 
-def test_dinov2_classifier_is_refused_in_one_line(capsys, tmp_path, hub_cache):
-  _, folder = dinov2_repo(tmp_path, swiglu=False, head=True)
+@pytest.mark.parametrize("registers", [0, 4])
+def test_dinov2_classifier_is_refused_in_one_line(registers, capsys, tmp_path, hub_cache):
+  _, folder = dinov2_repo(tmp_path, swiglu=False, head=True, registers=registers)
   capsys.readouterr()  # save_pretrained's progress bar.
-  assert_one_line_error(capsys, [str(folder)], "Dinov2ForImageClassification", "mean",
-                        "Dinov2Model")
+  assert_one_line_error(capsys, [str(folder)], "ForImageClassification", "mean", "Dinov2Model")

@@ -6,13 +6,17 @@ embedding, LayerScale (`layer_scale1/2.lambda1`) on both branches, the LayerNorm
 config.json, the exact GELU MLP or, with `use_swiglu_ffn` (dinov2-giant), SwiGLU, whose
 `weights_in` holds the gate and then the value as our `swiglu` Dense_0. At another input size
 transformers resamples the position embedding with torch's plain bicubic (no antialias, no
-offset): the description's `posemb_interpolation` "bicubic_no_antialias". `mask_token` serves
+offset): the description's `posemb_interpolation` "bicubic_no_antialias".
+`Dinov2WithRegistersModel` (facebook/dinov2-with-registers-*) too: its `register_tokens` after
+the class token, without a position embedding, as our registers; it resamples with antialias
+("bicubic"). `mask_token` serves
 masked pre-training only and is left out. Preprocessing: BitImageProcessor's (the shorter side
 to `size.shortest_edge`, bicubic, the centre `crop_size`), which reads as CLIPImageProcessor's
 (transformers_clip.processor_preprocessing; the crop's offset a pixel apart from torchvision's
 on some sizes, as that module says). `Dinov2ForImageClassification`'s head reads the class
 token and the patches' mean side by side, which vit_jax's ViT has no pooling for: refused.
 """
+import re
 from typing import Any, Mapping
 
 import numpy as np
@@ -23,11 +27,12 @@ from vit_jax.checkpoint.errors import CheckpointError
 from vit_jax.checkpoint.layouts import arrays_source, transformers_clip, transformers_vit
 
 NAME = "transformers DINOv2"
-_PREFIX = "dinov2."  # Dinov2ForImageClassification's backbone.
+# The backbone's prefix in a ...ForImageClassification: Dinov2's, Dinov2WithRegisters'.
+_PREFIX = re.compile(r"^(dinov2|dinov2_with_registers)\.")
 
 
 def matches(keys: Any) -> bool:
-  return any(k.removeprefix(_PREFIX) == "encoder.layer.0.layer_scale1.lambda1" for k in keys)
+  return any(_PREFIX.sub("", k) == "encoder.layer.0.layer_scale1.lambda1" for k in keys)
 
 
 def _mlp(src: arrays_source.Source, p: str, q: str) -> dict[str, np.ndarray]:
@@ -65,13 +70,15 @@ def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
   use."""
   if "classifier.weight" in arrays:
     raise CheckpointError(
-        f"{source} is a Dinov2ForImageClassification, whose head reads the class token and the "
-        "patches' mean concatenated, a pooling vit_jax's ViT does not have: load its backbone "
-        "(the dinov2.* arrays, a Dinov2Model) instead.")
-  src = arrays_source.Source({k.removeprefix(_PREFIX): v for k, v in arrays.items()}, source)
+        f"{source} is a Dinov2(WithRegisters)ForImageClassification, whose head reads the class "
+        "token and the patches' mean concatenated, a pooling vit_jax's ViT does not have: load its backbone "
+        "(a Dinov2Model's arrays) instead.")
+  src = arrays_source.Source({_PREFIX.sub("", k): v for k, v in arrays.items()}, source)
   heads, out = transformers_vit.num_heads(config, source), transformers_vit.embeddings(src)
   if src.has("embeddings.mask_token"):  # Masked pre-training's input; inference never reads it.
     src.take("embeddings.mask_token")
+  if src.has("embeddings.register_tokens"):  # Dinov2WithRegistersModel's, after the class token.
+    out["reg"] = src.take("embeddings.register_tokens")
   i = 0
   while src.has(f"encoder.layer.{i}.norm1.weight"):
     out |= _block(src, i, heads)
@@ -98,8 +105,10 @@ def describe(flat: Mapping[str, np.ndarray], fields: dict[str, Any], config: Map
   act = str(config.get("hidden_act", "gelu"))
   if act != "gelu" and fields.get("mlp") != "swiglu":
     raise CheckpointError(f"{origin}: hidden_act={act!r} is not a GELU vit_jax's ViT runs.")
+  # Dinov2WithRegistersModel resamples with antialias, Dinov2Model without.
+  resample = "bicubic" if "reg" in flat else "bicubic_no_antialias"
   fields = fields | {"gelu": "exact", "layer_norm_eps": float(config.get("layer_norm_eps", 1e-6)),
-                     "posemb_interpolation": "bicubic_no_antialias"}
+                     "posemb_interpolation": resample}
   return desc_lib.Description(
       model=fields, model_name=models.registry.match_name(fields), num_classes=None,
       image_size=_image_size(config, processor),
