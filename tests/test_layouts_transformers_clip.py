@@ -105,6 +105,14 @@ def test_unknown_arrays_are_refused_by_name(capsys, tmp_path, hub_cache):
   capsys.readouterr()  # save_pretrained's progress bar.
   assert_one_line_error(capsys, ["hf-hub:openai/extra"], extra.removeprefix("vision_model."),
                         "Nothing was loaded")
+  # Older files' position ids: taken where they are 0..N, refused where they reorder.
+  ids = "vision_model.embeddings.position_ids"
+  tokens = arrays["vision_model.embeddings.position_embedding.weight"].shape[0]
+  for name, order in (("ids", np.arange(tokens)), ("reordered", np.arange(tokens)[::-1])):
+    save_file(arrays | {ids: order[None].astype(np.int64)}, folder / "model.safetensors")
+    write_repo(hub_cache, f"openai/{name}", {f: folder / f for f in os.listdir(folder)})
+  assert checkpoint.load("hf-hub:openai/ids").description.num_classes == 48
+  assert_one_line_error(capsys, ["hf-hub:openai/reordered"], "position_ids", "reorder")
 
 
 @pytest.mark.parametrize("processor,want", [
