@@ -140,6 +140,21 @@ def _users_folder_line(flag: str, f: Files, writes: str) -> str:
           f"it writes {writes}: give a new or empty folder")
 
 
+def tfds_too_small(f: Files, model: str, dataset: tuple[str, str]) -> list[Case]:
+  """A TFDS dataset's class too small for what is asked: refused before any work, from its
+  labels (few-shot, any split size)."""
+  out = str(f.root / "never")
+  name, data_dir = dataset
+  return [
+      Case("vit-fewshot", "shots a class of a TFDS split cannot give (counted off its labels)",
+           [model, f"--datasets={name}", f"--data_dir={data_dir}", "--shots=1,6000",
+            "--out_dir", out],
+           "--shots=1,6000: fashion_mnist train: class 'T-shirt/top' has 6000 examples: 6000 "
+           "shots take 6000 of them, and 1 more is held out to choose the l2 value on; use at "
+           "most 5999 shots, or a larger --train_split", False, (out,)),
+  ]
+
+
 def refusals_before_work(f: Files, model: str) -> list[Case]:
   """Counts out of range, shots a class cannot give, splits a folder cannot fill, output
   folders holding a user's files: refused before any work, in one line naming the flag."""
@@ -224,10 +239,11 @@ def _run(case: Case, entry: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_every_command_answers_an_input_error_with_one_line_and_status_2(tmp_path):
+def test_every_command_answers_an_input_error_with_one_line_and_status_2(tmp_path, dataset):
   model = tiny_serving_checkpoint(tmp_path / "model.npz", "plain")
   files = Files(tmp_path)
-  cases = train_errors(files) + other_errors(files, model) + refusals_before_work(files, model)
+  cases = (train_errors(files) + other_errors(files, model) + refusals_before_work(files, model)
+           + tfds_too_small(files, model, dataset))
   scripts = console_scripts()
   assert sorted({c.command for c in cases}) == sorted(scripts), "add the command to the table"
   with futures.ThreadPoolExecutor(2) as pool:  # Each waits seconds for imports: two cores.

@@ -449,3 +449,16 @@ def test_image_folder_resume_and_process_shards(tmp_path, cache, randaug):
       cfg, local_batch=4, process_index=0, process_count=1)[0], 100))
   assert [len(s) for s in shards] == [5, 5] and len(whole) == 10
   assert collections.Counter(shards[0] + shards[1]) == collections.Counter(whole)
+
+
+@pytest.mark.parametrize("split", ["train[:1000]", "test[90%:]", "train[59990:]"])
+def test_class_counts_of_a_tfds_split_are_those_of_its_labels(dataset, split):
+  """data.class_counts parses a TFDS split's records for their label alone (few-shot's check
+  before work, on splits of any size): the counts of the labels tfds.load gives."""
+  cfg = data.get_data_config()
+  cfg.name, cfg.data_dir = dataset
+  cfg.train_split = split
+  raw = tfds.load(dataset[0], data_dir=dataset[1], split=split, as_supervised=True,
+                  download=False)
+  labels = np.array([label for _, label in tfds.as_numpy(raw)])
+  np.testing.assert_array_equal(data.class_counts(cfg), np.bincount(labels, minlength=10))
