@@ -20,6 +20,7 @@ import pytest
 from PIL import Image
 
 from helpers import REPO, cpu_env, tiny_serving_checkpoint
+from vit_jax.data import fashion_mnist
 
 MISSING = "/nonexistent/checkpoint.npz"
 
@@ -140,9 +141,10 @@ def _users_folder_line(flag: str, f: Files, writes: str) -> str:
           f"it writes {writes}: give a new or empty folder")
 
 
-def tfds_too_small(f: Files, model: str, dataset: tuple[str, str]) -> list[Case]:
-  """A TFDS dataset's class too small for what is asked: refused before any work, from its
-  labels (few-shot, any split size)."""
+def tfds_too_small(f: Files, model: str, dataset: tuple[str, str],
+                   tiny_tfds: str) -> list[Case]:
+  """A TFDS dataset's class or split too small for what is asked: refused before any work,
+  from its labels (few-shot, any split size) or its builder's split sizes (transfer)."""
   out = str(f.root / "never")
   name, data_dir = dataset
   return [
@@ -152,6 +154,10 @@ def tfds_too_small(f: Files, model: str, dataset: tuple[str, str]) -> list[Case]
            "--shots=1,6000: fashion_mnist train: class 'T-shirt/top' has 6000 examples: 6000 "
            "shots take 6000 of them, and 1 more is held out to choose the l2 value on; use at "
            "most 5999 shots, or a larger --train_split", False, (out,)),
+      Case("vit-transfer", "a TFDS dataset too small for the protocol's splits",
+           [model, "--suite", "fashion_mnist", "--data_dir", tiny_tfds, "--out_dir", out],
+           "--suite fashion_mnist: the protocol's split 'train[:800]' of fashion_mnist reaches "
+           "past the end of 'train', which has 200 examples. Give one rate", False, (out,)),
   ]
 
 
@@ -242,8 +248,10 @@ def _run(case: Case, entry: str) -> subprocess.CompletedProcess:
 def test_every_command_answers_an_input_error_with_one_line_and_status_2(tmp_path, dataset):
   model = tiny_serving_checkpoint(tmp_path / "model.npz", "plain")
   files = Files(tmp_path)
+  tiny_tfds = str(tmp_path / "tfds")  # Fashion-MNIST as TFDS prepares it, 200 a split.
+  fashion_mnist.prepare_fashion_mnist(tiny_tfds, max_examples_per_split=200)
   cases = (train_errors(files) + other_errors(files, model) + refusals_before_work(files, model)
-           + tfds_too_small(files, model, dataset))
+           + tfds_too_small(files, model, dataset, tiny_tfds))
   scripts = console_scripts()
   assert sorted({c.command for c in cases}) == sorted(scripts), "add the command to the table"
   with futures.ThreadPoolExecutor(2) as pool:  # Each waits seconds for imports: two cores.

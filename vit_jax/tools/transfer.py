@@ -17,8 +17,8 @@ hf-hub:google/vit-base-patch16-224-in21k, augreg:NAME, ema:RUN).
 Writes OUT_DIR/results.csv (one row per run: checkpoint, task, phase, rate, accuracy, wall
 time), results.md (test accuracy at the chosen rate; VTAB-1k group means) and results.png.
 A rerun skips the runs recorded there and resumes a run killed midway; a task that fails
-(e.g. data TFDS cannot download) is named and the others go on (exit status 1). A folder of
-too few images for the protocol's splits is refused before any run.
+(e.g. data TFDS cannot download) is named and the others go on (exit status 1). A folder or
+a prepared TFDS dataset too small for the protocol's splits is refused before any run.
 
 --launch slurm|hosts|tpu_vm -- FLAGS: one job per (checkpoint, task), each this command for
 that task alone, handed to launch/jobs.py of the repository with FLAGS (e.g. `--partition
@@ -167,31 +167,58 @@ def launch(args: argparse.Namespace, task_names: list[str]) -> int:
   return done.returncode
 
 
-def check_folders(task_list: list, settings: "protocol.Settings") -> None:
-  """Refuses an image folder task that the protocol cannot run, before any run (each would fail
-  alike), in vit-transfer's terms: class folders that differ or are too few, or a split of
-  the protocol (the grid's minitrain and minival, train, test) that holds no image."""
+def check_splits(task_list: list, settings: "protocol.Settings") -> None:
+  """Refuses a task that the protocol cannot run, before any run (each would fail alike), in
+  vit-transfer's terms: an image folder whose class folders differ or are too few, or a split
+  of the protocol (the grid's minitrain and minival, train, test) that holds no example, of a
+  folder or of a prepared TFDS dataset (its sizes from the builder's info: nothing read). A
+  TFDS dataset not prepared here is left to its task's run, which names it if it fails."""
   from vit_jax import data
   from vit_jax.data import sources
   from vit_jax.transfer import protocol
   for task in task_list:
-    if task.suite == "custom" and sources.is_folder(task.tfds_name):
-      source = sources.FolderSource(task.tfds_name, "fail")
-      try:
-        names = source.class_names
-        if len(names) < 2:
-          cli.fail(f"--suite {task.tfds_name}: {len(names)} class folder(s) "
-                   f"({', '.join(names) or 'none'}): a classifier needs two or more")
-        selecting = len(protocol.lr_grid(task, settings)) > 1
-        for split in ([task.minitrain, task.minival] if selecting else []) + [task.train,
-                                                                             task.test]:
-          source.meta(split)
-      except data.DataOptionError as e:
-        cli.fail(e.worded(protocol.DATA_OPTIONS))
-      except ValueError as e:
-        fix = (" Give one rate (e.g. --lr_grid=0.01: no rate to choose, no minival split) or "
-               "a folder with more images." if selecting else "")
-        cli.fail(f"--suite {task.tfds_name}: the protocol's {e}{fix}")
+    selecting = len(protocol.lr_grid(task, settings)) > 1
+    splits = ([task.minitrain, task.minival] if selecting else []) + [task.train, task.test]
+    try:
+      if task.suite == "custom" and sources.is_folder(task.tfds_name):
+        _check_folder(task.tfds_name, splits)
+      else:
+        _check_tfds(task.tfds_name, settings.data_dir, splits)
+    except data.DataOptionError as e:
+      cli.fail(e.worded(protocol.DATA_OPTIONS))
+    except ValueError as e:
+      fix = (" Give one rate (e.g. --lr_grid=0.01: no rate to choose, no minival split) or "
+             "a dataset with more examples." if selecting else "")
+      cli.fail(f"--suite {task.name}: the protocol's {e}{fix}")
+
+
+def _check_folder(root: str, splits: list[str]) -> None:
+  from vit_jax.data import sources
+  source = sources.FolderSource(root, "fail")
+  names = source.class_names
+  if len(names) < 2:
+    cli.fail(f"--suite {root}: {len(names)} class folder(s) ({', '.join(names) or 'none'}): "
+             "a classifier needs two or more")
+  for split in splits:
+    source.meta(split)
+
+
+def _check_tfds(name: str, data_dir: str | None, splits: list[str]) -> None:
+  import tensorflow_datasets as tfds
+  builder = tfds.builder(name, data_dir=data_dir)
+  if not builder.is_prepared():
+    return
+  sizes = builder.info.splits
+  for split in splits:
+    whole = split.split("[")[0]
+    try:
+      n = sizes[split].num_examples
+    except ValueError:  # TFDS reads no slice that reaches past its split's end.
+      raise ValueError(f"split {split!r} of {name} reaches past the end of {whole!r}, which "
+                       f"has {sizes[whole].num_examples} examples.") from None
+    if not n:
+      raise ValueError(f"split {split!r} of {name} is empty: {whole!r} has "
+                       f"{sizes[whole].num_examples} examples.")
 
 
 def owned(name: str) -> bool:
@@ -225,7 +252,7 @@ def main(argv: list[str]) -> int:
   else:
     settings = settings_of(args)
     task_list = tasks.resolve_or_custom(args.suite)
-    check_folders(task_list, settings)
+    check_splits(task_list, settings)
     if args.launch:
       return launch(args, [t.name for t in task_list])
     if args.dry_run:
