@@ -163,7 +163,7 @@ def tfds_too_small(f: Files, model: str, dataset: tuple[str, str],
 
 def refusals_before_work(f: Files, model: str) -> list[Case]:
   """Counts out of range, shots a class cannot give, splits a folder cannot fill, output
-  folders holding a user's files: refused before any work, in one line naming the flag."""
+  paths holding a user's files: refused before any work, in one line naming the flag."""
   out, users = str(f.root / "never"), str(f.users)
   return [
       Case("vit-fewshot", "non-positive shots", [model, "--datasets=x", "--shots=0,-5"],
@@ -191,6 +191,10 @@ def refusals_before_work(f: Files, model: str) -> list[Case]:
            [model, users, "--format", "savedmodel"],
            _users_folder_line("OUT", f, "a SavedModel"),
            not_written=(f"{users}/saved_model.pb",)),
+      Case("vit-export", "a file over a user's file", [model, f"{users}/notes.txt"],
+           f"OUT {users}/notes.txt: the file is no npz file that vit-export wrote (it carries "
+           "no vit_jax description), and exporting would replace it: give another path, or "
+           "delete it first"),
       Case("vit-export", "zero image size", [model, out, "--format", "onnx", "--image_size=0"],
            "--image_size=0: must be a whole number of 1 or more", not_written=(out,)),
       Case("vit-predict", "zero top-k", [model, str(f.image), "--top_k=0"],
@@ -266,6 +270,7 @@ def test_every_command_answers_an_input_error_with_one_line_and_status_2(tmp_pat
       wrong.append(f"{case.command} ({case.what}): status {r.returncode}, TensorFlow loaded: "
                    f"{tf_loaded}, left behind: {left}, stderr:\n{r.stderr[-1500:]}")
   assert not wrong, "\n\n".join(wrong)
+  assert (files.users / "notes.txt").read_text() == "mine"  # vit-export refused to replace it.
 
 
 def test_python_m_vit_jax_main_is_vit_train(tmp_path):

@@ -166,3 +166,25 @@ def test_every_format_of_the_table_keeps_the_contract_and_every_command_offers_i
     assert [f for f, name in files.items() if name and module.holds(name)] == (
         [fmt] if files[fmt] else [])
     assert fmt in export.FORMATS and fmt in runners.FORMATS
+
+
+def test_export_replaces_a_file_only_where_it_wrote_it(exported, tmp_path):
+  """vit-export's check before it writes OUT: a file there is its own where it carries the
+  description where the format keeps it; a user's file, or a model without one, is not."""
+  import shutil
+  from vit_jax.tools import export
+  _, loaded, paths, _ = exported
+  ours = {"tflite": str(tmp_path / "model.tflite"), "onnx": str(tmp_path / "model.onnx"),
+          "npz": str(tmp_path / "model.npz")}
+  shutil.copy(paths["tflite"], ours["tflite"])
+  tflite.write_description(ours["tflite"], loaded.description)
+  onnx.from_tflite(paths["tflite"], ours["onnx"], loaded.description)
+  checkpoint.save_npz(ours["npz"], loaded.params, loaded.description)
+  assert all(export.written_by_export(path, fmt) for fmt, path in ours.items())
+  users = tmp_path / "notes.npz"
+  users.write_text("mine")
+  np.savez(tmp_path / "arrays.npz", w=np.zeros(3))
+  theirs = [(paths["tflite"], "tflite"), (paths["onnx"], "onnx"), (str(users), "npz"),
+            (str(users), "onnx"), (str(tmp_path / "arrays.npz"), "adapters"),
+            (ours["onnx"], "tflite")]
+  assert not any(export.written_by_export(path, fmt) for path, fmt in theirs)

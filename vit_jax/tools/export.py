@@ -25,8 +25,11 @@ The serving formats need the export extra: pip install 'vit_jax[export]'.
 import argparse
 import os
 
-from vit_jax import checkpoint
-from vit_jax.serving import convert, formats
+import numpy as np
+
+from vit_jax import checkpoint  # Its names load when used: a refusal waits for no JAX.
+from vit_jax.checkpoint import description
+from vit_jax.serving import formats
 from vit_jax.tools import cli
 
 FORMATS = ("npz", "adapters", *formats.FORMATS)
@@ -52,6 +55,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   return args
 
 
+def written_by_export(path: str, fmt: str) -> bool:
+  """Whether the file at `path` is one vit-export wrote in `fmt`: it carries the checkpoint's
+  description where that format keeps it (a file a user made does not)."""
+  try:
+    if fmt in ("npz", "adapters"):
+      with np.load(path) as arrays:  # Reads the zip's directory, not the arrays.
+        return description.DESCRIPTION_KEY in arrays.files
+    return formats.module(fmt).read_description(path) is not None
+  except Exception:  # noqa: BLE001  Whatever its reader cannot parse is no file of ours.
+    return False
+
+
 @cli.command
 def main(argv: list[str]) -> int:
   args = parse_args(argv)
@@ -62,6 +77,10 @@ def main(argv: list[str]) -> int:
     cli.fail(f"OUT {args.out} is a folder: give the {args.format} file's path")
   if args.format == "savedmodel":
     cli.check_owned("OUT", args.out, SAVEDMODEL_ENTRIES.__contains__, "a SavedModel")
+  elif os.path.isfile(args.out) and not written_by_export(args.out, args.format):
+    cli.fail(f"OUT {args.out}: the file is no {args.format} file that vit-export wrote (it "
+             "carries no vit_jax description), and exporting would replace it: give another "
+             "path, or delete it first")
   cli.route_logs(verbose=args.verbose)
   if args.format == "npz":
     described = checkpoint.export_npz(args.checkpoint, args.out, args.base)
@@ -69,6 +88,7 @@ def main(argv: list[str]) -> int:
     described = checkpoint.export_adapters(args.checkpoint, args.out)
   else:
     cli.start_tensorflow(datasets=False)  # The serving formats': its C++ start-up lines.
+    from vit_jax.serving import convert  # JAX and the converters: after the checks.
     with cli.native_logs():  # The converters' C++ lines.
       described = convert.export(args.checkpoint, args.out, args.format, args.model,
                                  args.image_size, base=args.base).description
