@@ -12,13 +12,15 @@ from vit_jax.data import config as data_config
 # tf.image.resize's methods a checkpoint's evaluation may name: the official code's and
 # big_vision's bilinear, timm's and transformers' usual bicubic.
 INTERPOLATIONS = ("bilinear", "bicubic")
-# Whose arithmetic places a central crop (preprocess.fit): the resize target
-# size / central_crop_fraction and the shorter side's partner, then the crop's offsets.
-# "big_vision": rounded, rounded, rounded down: the official code's, big_vision's and AugReg's
+# Whose arithmetic places a central crop (preprocess.fit): whether the resize target
+# size / central_crop_fraction and the shorter side's partner are truncated (else rounded),
+# and whether the crop's offsets are rounded half to even (else down).
+# "big_vision": the official code's, big_vision's and AugReg's
 # `resize_small(round(size / fraction))|central_crop(size)`, and vit_jax's own runs.
-# "torchvision": truncated, truncated, rounded half to even: timm's transforms_imagenet_eval
-# (torchvision's Resize and CenterCrop).
-GEOMETRIES = ("big_vision", "torchvision")
+# "torchvision": timm's transforms_imagenet_eval and open_clip's (Resize, CenterCrop).
+# "transformers": its image processors' resize and center_crop (int(margin / 2)).
+GEOMETRIES = {"big_vision": (False, False), "torchvision": (True, True),
+              "transformers": (True, False)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +93,7 @@ def _checked(p: Preprocessing) -> dict[str, Any]:
   if p.crop not in data_config.EVAL_CROPS:
     raise _invalid("crop", p.crop, f"expected one of {data_config.EVAL_CROPS}")
   if p.geometry not in GEOMETRIES:
-    raise _invalid("geometry", p.geometry, f"expected one of {GEOMETRIES}")
+    raise _invalid("geometry", p.geometry, f"expected one of {tuple(GEOMETRIES)}")
   if p.interpolation not in INTERPOLATIONS:
     raise _invalid("interpolation", p.interpolation, f"expected one of {INTERPOLATIONS}")
   if not 0 < p.central_crop_fraction <= 1:

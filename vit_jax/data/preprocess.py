@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from vit_jax.data.input_contract import INTERPOLATIONS, Preprocessing  # noqa: F401 (re-export)
+from vit_jax.data.input_contract import GEOMETRIES, INTERPOLATIONS, Preprocessing  # noqa: F401
 
 
 def traced(fn: Callable) -> Callable:
@@ -177,19 +177,19 @@ def fit(images: tf.Tensor, size: int, preprocessing: Preprocessing) -> tf.Tensor
   [0, 255]: bicubic's overshoot is clipped, as timm's PIL images and `serving.images`' uint8
   ones are."""
   method, crop = preprocessing.interpolation, preprocessing.crop
-  torchvision = preprocessing.geometry == "torchvision"
+  truncate, round_offsets = GEOMETRIES[preprocessing.geometry]
   if crop == "resize":
     images = resize(images, size, method)
   else:
-    scale = (math.floor if torchvision else round)(size / preprocessing.central_crop_fraction)
+    scale = (math.floor if truncate else round)(size / preprocessing.central_crop_fraction)
     if crop == "central_crop":
-      images = resize_shorter_side(images, scale, method, truncate=torchvision)
+      images = resize_shorter_side(images, scale, method, truncate=truncate)
     elif crop == "squash_central_crop":
       images = resize(images, scale, method)
     else:
       images = pad_to(resize_longer_side(images, scale, method), size,
                       _letterbox_fill(preprocessing))
-    images = central_crop(images, size, round_offsets=torchvision)
+    images = central_crop(images, size, round_offsets=round_offsets)
   return tf.clip_by_value(images, 0.0, 255.0) if method == "bicubic" else images
 
 

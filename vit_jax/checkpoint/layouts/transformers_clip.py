@@ -19,11 +19,8 @@ not a part of the image model left unused.
 Other resolutions: the position embedding's grid is resampled as `interpolate_pos_encoding`
 does (torch's bicubic, no antialiasing: `posemb_interpolation='bicubic_no_antialias'`).
 Preprocessing (CLIPImageProcessor): bicubic resize of the shorter side to `size.shortest_edge`
-(the longer side truncated, as torchvision's Resize), centre crop `crop_size`, OpenAI's mean and
-std: 'central_crop' in torchvision's geometry, save that transformers places the crop at
-int(margin / 2) where torchvision's CenterCrop rounds half to even: one pixel apart where the
-margin is 3 mod 4 (e.g. 227 wide at 224). big_vision's geometry would floor the offset but
-round the longer side where transformers truncates it, which moves every pixel.
+(the longer side truncated), centre crop `crop_size` at int(margin / 2), OpenAI's mean and std:
+'central_crop' in the "transformers" geometry (input_contract.GEOMETRIES), to the pixel.
 """
 from typing import Any, Mapping
 
@@ -157,7 +154,7 @@ def processor_preprocessing(processor: Mapping[str, Any]) -> desc_lib.Preprocess
     raise CheckpointError(f"preprocessor_config.json: a crop of {crop} from a shorter side of "
                           f"{shortest} is not a central crop vit_jax applies.")
   return desc_lib.Preprocessing(crop="central_crop", central_crop_fraction=crop / shortest,
-                                geometry="torchvision", **common)
+                                geometry="transformers", **common)
 
 
 def describe(flat: Mapping[str, np.ndarray], fields: dict[str, Any], config: Mapping[str, Any],

@@ -12,8 +12,8 @@ the class token, without a position embedding, as our registers; it resamples wi
 ("bicubic"). `mask_token` serves
 masked pre-training only and is left out. Preprocessing: BitImageProcessor's (the shorter side
 to `size.shortest_edge`, bicubic, the centre `crop_size`), which reads as CLIPImageProcessor's
-(transformers_clip.processor_preprocessing; the crop's offset a pixel apart from torchvision's
-on some sizes, as that module says). `Dinov2ForImageClassification`'s head reads the class
+(transformers_clip.processor_preprocessing, in transformers' own geometry).
+`Dinov2ForImageClassification`'s head reads the class
 token and the patches' mean side by side, which vit_jax's ViT has no pooling for: refused.
 """
 import re
