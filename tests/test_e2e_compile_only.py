@@ -2,6 +2,7 @@
 without a TPU (libtpu's compile-only devices), tiny models so that each compile takes seconds;
 the launcher's preflight, through its dry run."""
 import json
+import os
 import pathlib
 import re
 import signal
@@ -20,9 +21,11 @@ MEDIUM = ["--config.model.hidden_size=256", "--config.model.mlp_dim=1024"]
 HUGE = ["--num_classes=8388608", "--config.model.hidden_size=128", "--config.model.mlp_dim=256"]
 
 
-def train_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def train_cli(*args: str, timeout: int = 300, env: dict | None = None
+              ) -> subprocess.CompletedProcess:
   return subprocess.run([sys.executable, "-m", "vit_jax.tools.train", "--config", TINY_CONFIG,
-                         *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+                         *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                        env=env)
 
 
 def compile_json(topology: str, *overrides: str) -> dict:
@@ -45,6 +48,19 @@ def test_single_host_compile_reports_memory_flops_collectives_and_a_bound():
   assert abs(evaluate["analytic_flops"] * 3 - train["analytic_flops"]) < 1
   assert train["collectives"]["all-reduce"]["ops"] >= 1  # The gradients' mean.
   assert train["roofline"]["images_per_s"] > 0
+
+
+@needs_libtpu
+def test_a_rerun_with_a_compilation_cache_says_nothing_of_it(tmp_path):
+  """JAX's persistent cache cannot load a program compiled for devices this machine lacks: a
+  rerun that read the first run's entries warned once a program that it could not, then
+  compiled anyway. --compile_only leaves the cache alone."""
+  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jit"))
+  for _ in range(2):
+    result = train_cli("--compile_only", "--topology", "v5litepod-4", env=env)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 0 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("compiled the config in "), result.stderr  # Its progress line.
 
 
 @needs_libtpu

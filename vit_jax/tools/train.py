@@ -461,6 +461,10 @@ def _compile_only() -> int:
   import jax
   if not os.environ.get("JAX_PLATFORMS"):
     jax.config.update("jax_platforms", "cpu")  # Nothing runs here: no accelerator is taken.
+  # Programs compiled for a topology without its devices cannot be loaded back from JAX's
+  # persistent cache (no TPU client to load them into): with a cache set, each rerun warned
+  # once per program ("Error reading persistent compilation cache entry") and compiled anyway.
+  jax.config.update("jax_enable_compilation_cache", False)
   with cli.native_logs():  # TensorFlow's start-up lines (the data modules' import).
     from vit_jax.train import compile_check
   num_classes = _num_classes()
