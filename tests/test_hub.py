@@ -148,6 +148,14 @@ def test_unknown_arrays_are_refused_by_name(capsys, tmp_path, hub_cache):
   assert_one_line_error(capsys, [str(folder)], "blocks.0.attn.extra.weight", "Nothing was loaded")
 
 
+def test_an_eva_model_whose_arrays_read_as_a_vits_is_refused_by_name(capsys, tmp_path):
+  """The Perception Encoder's arrays are a ViT's; its rotary embedding shows only in the name."""
+  _, folder, config = timm_repo(tmp_path, "token")
+  config["architecture"] = "vit_pe_core_base_patch16_224"
+  (folder / "config.json").write_text(json.dumps(config))
+  assert_one_line_error(capsys, [str(folder)], "vit_pe_core_base_patch16_224", "eva.py")
+
+
 def test_every_layout_keeps_the_contract():
   """Each row of the table holds what hub.read calls (layouts/__init__.py's contract)."""
   import inspect

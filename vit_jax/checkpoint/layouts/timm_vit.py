@@ -13,6 +13,7 @@ express (q/k norms, BEiT's q/v biases, avg pooling beside a class token) is refu
 is any array this reader does not use: nothing is dropped without a word.
 """
 import math
+import re
 from typing import Any, Mapping
 
 import numpy as np
@@ -24,6 +25,8 @@ from vit_jax.checkpoint.npz import POSEMB_KEY
 
 NAME = "timm"
 _CLIP_LAYER_NORM_EPS = 1e-5  # timm's `*_clip_*` ViTs: partial(LayerNorm, eps=1e-5).
+# timm's eva.py architectures (layouts/timm_eva.py reads those it can, by their arrays).
+_EVA_ARCHITECTURES = r"^eva|^vit_pe_|_rope_|_dinov3"
 # Arrays timm models hold that this ViT has no place for: the reason, said once.
 _UNSUPPORTED = {
     r"\.(q_norm|k_norm)\.": "query/key normalisation (q_norm, k_norm)",
@@ -143,6 +146,17 @@ def _attention_pool(src: arrays_source.Source, heads: int) -> dict[str, np.ndarr
   return out
 
 
+def _check_architecture(config: Mapping[str, Any], source: str) -> None:
+  """timm's eva.py models whose arrays read as a ViT's (the Perception Encoder's, timm's
+  `vit_*_rope_*`) compute with a rotary embedding no array shows: refused by name, not loaded
+  without it."""
+  arch = config.get("architecture") or ""
+  if re.search(_EVA_ARCHITECTURES, arch):
+    raise CheckpointError(f"{source}: {arch} is one of timm's eva.py models, whose arrays look "
+                          "like a ViT's but whose attention is rotary in a way vit_jax's "
+                          "timm_eva layout does not read (it reads DINOv3 and EVA-02).")
+
+
 def _check_pooling(config: Mapping[str, Any], src: arrays_source.Source) -> None:
   pool = config.get("global_pool", "token" if src.has("cls_token") else "avg")
   if pool not in ("token", "avg", "map", ""):
@@ -158,6 +172,7 @@ def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
                 source: str) -> dict[str, np.ndarray]:
   """timm's state dict (numpy) as flat original-layout arrays; raises CheckpointError
   naming any array it does not use."""
+  _check_architecture(config, source)
   arrays_source.refuse_unsupported(arrays, _UNSUPPORTED, source)
   src = arrays_source.Source(arrays, source)
   _check_pooling(config, src)
