@@ -9,16 +9,16 @@ matrix is decomposed when n <= d (the dual form), the d x d covariance otherwise
 import dataclasses
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
-import jax
 import ml_collections
 import numpy as np
-from jax.sharding import Sharding
 
 from vit_jax import data
 from vit_jax.checkpoint.description import Preprocessing
 from vit_jax.config_errors import check
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # JAX is imported where it runs: vit-fewshot checks its flags without it.
+  from jax.sharding import Sharding
+
   from vit_jax.evaluators.registry import Run
 
 BIAS_CONSTANT = 100.0
@@ -93,6 +93,7 @@ def held_out_per_class(counts: Sequence[int], shots: Sequence[int], val_per_clas
 
 def compute_features(repr_fn: Callable, batches: Iterable[dict]) -> tuple[np.ndarray, np.ndarray]:
   """Representations and labels of the real (mask 1) examples, in order."""
+  import jax
   feats, labels = [], []
   for batch in batches:
     f = repr_fn(batch["image"])
@@ -122,7 +123,7 @@ def check_shots(name: str, data_dir: str | None, split: str, shots: Sequence[int
 
 
 def dataset_batches(name: str, data_dir: str | None, split: str, image_size: int,
-                    batch_size: int, sharding: Sharding,
+                    batch_size: int, sharding: "Sharding",
                     preprocessing: Preprocessing = Preprocessing(),
                     download: bool = False) -> tuple[Callable, int]:
   """A callable giving one masked pass over `split` of a dataset, preprocessed as the model
@@ -134,7 +135,7 @@ def dataset_batches(name: str, data_dir: str | None, split: str, image_size: int
 
 
 def fewshot_datasets(names: Sequence[str], data_dir: str | None, train_split: str,
-                     test_split: str, image_size: int, batch_size: int, sharding: Sharding,
+                     test_split: str, image_size: int, batch_size: int, sharding: "Sharding",
                      preprocessing: Preprocessing = Preprocessing(),
                      download: bool = False) -> dict[str, tuple[Callable, Callable, int]]:
   """What FewShotEvaluator takes: per dataset, (train batches, test batches, class count)."""
@@ -217,6 +218,7 @@ class FewShotEvaluator:
   def __init__(self, repr_fn: Callable, datasets: dict[str, tuple[Callable, Callable, int]],
                shots: Sequence[int] = DEFAULT_SHOTS, seeds: int = DEFAULT_SEEDS,
                l2_regs: Sequence[float] = DEFAULT_L2, val_per_class: int = 10):
+    import jax
     check_l2(l2_regs)
     self.repr_fn = jax.jit(repr_fn)
     self.datasets, self.shots, self.seeds = datasets, tuple(shots), seeds

@@ -19,10 +19,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from vit_jax import checkpoint, data, models
+from vit_jax import checkpoint, data  # Their names load when used: not before the checks.
 from vit_jax.evaluators import fewshot_lsr
 from vit_jax.tools import cli, jobs
-from vit_jax.train import sharding
 
 
 OUTPUTS = ("fewshot.csv", "fewshot.md", "fewshot.png")
@@ -77,6 +76,7 @@ def _probe(path: str, model_name: str | None, image_size: int | None, datasets: 
   """One checkpoint's rows, on the datasets preprocessed as its description says (at
   `image_size`, else at its own resolution); a job per dataset, its failures in `failures`
   (`CKPT on DATASET`, or `CKPT` where it cannot be loaded)."""
+  from vit_jax import models
   ckpt = jobs.attempt(path, lambda: checkpoint.load(
       path, model_name and models.resolve_name(model_name), image_size=image_size, head=False,
       base=base), failures)
@@ -119,6 +119,7 @@ def sweep(checkpoints: Sequence[str], model_name: str | None, datasets: Sequence
   returns the rows and the failed jobs (see _probe) with why.
 
   `image_size` None probes each checkpoint at its own resolution."""
+  from vit_jax.train import sharding
   fewshot_lsr.check_l2(l2_regs)
   batch_sharding = sharding.batch_sharding(sharding.make_mesh())
 
