@@ -1,7 +1,7 @@
 """Loading a Hub checkpoint: vit_jax's `checkpoint.load("hf-hub:...")` beside timm's
 `create_model(..., pretrained=True)`, both from the same local Hugging Face cache, offline.
 
-  python benchmarks/hub_load.py --models vit_base_patch16_224 vit_large_patch16_224
+  python benchmarks/hub_load.py [--models vit_base_patch16_224 vit_large_patch14_dinov2.lvd142m]
 
 Writes each timm model (random weights) once into a Hub cache in huggingface_hub's own layout
 (`models--timm--NAME/snapshots/REV`, `refs/main`), then loads it in fresh processes, each
@@ -71,7 +71,9 @@ def measure(loader: str, name: str, cache: str) -> dict[str, float]:
 
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--models", nargs="+", default=["vit_base_patch16_224", "vit_large_patch16_224"])
+  p.add_argument("--models", nargs="+", default=[
+      "vit_base_patch16_224", "vit_large_patch16_224", "vit_large_patch14_dinov2.lvd142m",
+      "vit_large_patch14_clip_224.openai"])
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--cache", default=None, help="Hub cache to write and read (default: a temp dir)")
   args = p.parse_args()
