@@ -275,7 +275,7 @@ def test_every_command_answers_an_input_error_with_one_line_and_status_2(tmp_pat
 
 @pytest.mark.parametrize("command, args", [
     ("vit-fewshot", ["--datasets=x"]), ("vit-transfer", ["--suite", "x"]),
-    ("vit-export", ["out.npz"]), ("vit-predict", ["image.png"])])
+    ("vit-export", ["out.npz"]), ("vit-predict", ["image.png"]), ("vit-inspect", [])])
 def test_a_missing_checkpoint_is_refused_before_jax_loads(command, args):
   """checkpoint.specs, which the commands check paths with, loads no JAX (the checkpoint
   package imports its names when used): a wrong path is refused at once, not after seconds

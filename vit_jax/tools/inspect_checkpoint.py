@@ -24,24 +24,30 @@ import shlex
 import textwrap
 from typing import Any
 
-import jax
 import numpy as np
 from etils import epy
 
-from vit_jax import checkpoint, goodput, models
-from vit_jax.configs import finetune
-from vit_jax.models import registry
+from vit_jax import checkpoint
 from vit_jax.tools import cli
 
 from vit_jax.serving import formats
 
 with epy.lazy_imports():  # TensorFlow, for --figures and exported models only.
   from vit_jax import explore, figures
+with epy.lazy_imports():  # JAX and Flax, once the arguments are checked.
+  import jax
 
-# What the fine-tuning model must share with the file for its arrays to load; the
-# fine-tuning config's model starts from a registry name and overrides the rest (the run
-# takes what the same arrays compute, Role.COMPUTATION, from the file's description).
-FINETUNE_FIELDS = registry.fields_of(models.Role.ARCHITECTURE, models.Role.LAYOUT)
+  from vit_jax import goodput, models
+  from vit_jax.configs import finetune
+  from vit_jax.models import registry
+
+
+def finetune_fields() -> tuple[str, ...]:
+  """What the fine-tuning model must share with the file for its arrays to load; the
+  fine-tuning config's model starts from a registry name and overrides the rest (the run
+  takes what the same arrays compute, Role.COMPUTATION, from the file's description)."""
+  return registry.fields_of(models.Role.ARCHITECTURE, models.Role.LAYOUT)
+
 POOLING = {"token": "the class token", "gap": "mean of the patch tokens",
            "map": "attention pooling (MAP head)"}
 ZERO_HEAD = (
@@ -75,7 +81,7 @@ def finetune_command(ckpt: checkpoint.Loaded, path: str, dataset: str = "cifar10
   base = (_registry_name(model) or model.name_in_registry or
           ("R50+ViT-B_16" if model.resnet_layers is not None else "ViT-B_16"))
   base_fields = models.model_config(base)
-  overrides = {f: getattr(model, f) for f in FINETUNE_FIELDS
+  overrides = {f: getattr(model, f) for f in finetune_fields()
                if getattr(model, f) != base_fields.get(f, registry.default(f))}
   size = finetune.IMAGE_SIZE
   if size % model.stride:  # Images must split into whole tokens.
