@@ -188,6 +188,11 @@ TINY_SERVING_MODELS = {
     "plain": ("ViT-Ti_16", 32, dict(patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2,
                                      num_layers=1)),
     "hybrid": ("R+ViT-Ti_16", 64, dict(hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1)),
+    # The pieces of DINOv2 / DINOv3 / CLIP / EVA-02 that change what an exported graph computes.
+    "families": ("ViT-Ti_16", 32, dict(
+        patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1, classifier="gap",
+        class_token=True, num_registers=2, posemb="none", rope="dinov3", pre_norm=True,
+        layer_scale=True, qkv_bias="qv", gelu="quick", layer_norm_eps=1e-5, head_bias=False)),
 }
 
 
@@ -203,7 +208,16 @@ def tiny_serving_checkpoint(path, kind: str, num_classes: int = 10, seed: int = 
   head = params["head"]["kernel"]
   params["head"] = {"kernel": jax.random.normal(jax.random.key(seed + 1), head.shape) * 0.5,
                     "bias": jax.random.normal(jax.random.key(seed + 2), (num_classes,)) * 0.1}
-  checkpoint.save_npz(str(path), params)
+  if not model.head_bias:
+    del params["head"]["bias"]
+  if "layer_scale" in overrides:  # Scales far from their 1e-5 start, or the blocks vanish.
+    params = jax.tree_util.tree_map_with_path(
+        lambda p, x: x + 0.5 if "LayerScale" in jax.tree_util.keystr(p) else x, params)
+  # What no array shows (the rotary embedding, the GELU, the epsilon) the description tells.
+  described = checkpoint.Description(
+      model={k: overrides[k] for k in models.registry.DESCRIBED if k in overrides},
+      image_size=size, num_classes=num_classes)
+  checkpoint.save_npz(str(path), params, described if kind == "families" else None)
   return str(path)
 
 

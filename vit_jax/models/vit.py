@@ -53,6 +53,14 @@ def _field(role: Role, default: Any = dataclasses.MISSING) -> Any:
   return dataclasses.field(default=default, metadata={"role": role})
 
 
+def tokens_split(x: jnp.ndarray, n: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """(batch, tokens, ...) -> the first n tokens and the rest, as plain slices: x[:, n:] with a
+  symbolic batch (jax2tf, jax.export) becomes a dynamic gather, which the TFLite converter
+  cannot lower."""
+  return (jax.lax.slice_in_dim(x, 0, n, axis=1),
+          jax.lax.slice_in_dim(x, n, x.shape[1], axis=1))
+
+
 class MultiHeadDotProductAttention(nn.Module):
   """Multi-head attention with the parameter layout of `flax.linen`'s.
 
@@ -205,7 +213,8 @@ class Encoder(nn.Module):
     if registers is not None:
       # After the class token, with no position embedding (Darcet et al., 2024).
       registers = jnp.tile(registers, [x.shape[0], 1, 1])
-      x = jnp.concatenate([x[:, :num_prefix], registers, x[:, num_prefix:]], axis=1)
+      prefix, patches = tokens_split(x, num_prefix)
+      x = jnp.concatenate([prefix, registers, patches], axis=1)
     x = nn.Dropout(self.dropout)(x, deterministic)
     if self.pre_norm:  # In float32: its output is the residual stream.
       x = LayerNorm(self.norm_epsilon, jnp.float32, name="pre_norm")(x)
@@ -252,7 +261,7 @@ class MAPHead(nn.Module):
         name="MultiHeadDotProductAttention_0")(probe, x)
     y = LayerNorm(self.norm_epsilon, self.dtype, name="LayerNorm_0")(x)
     x = x + MlpBlock(self.mlp_dim, dtype=self.dtype, gelu=self.gelu, name="MlpBlock_0")(y)
-    return x[:, 0]
+    return jax.lax.index_in_dim(x, 0, axis=1, keepdims=False)
 
 
 class VisionTransformer(nn.Module):
@@ -356,11 +365,8 @@ class VisionTransformer(nn.Module):
   def _pool(self, encoded: jnp.ndarray) -> jnp.ndarray:
     """The tokens to one vector: the class token, the patches' mean, or attention pooling."""
     if self.classifier == "token":
-      # Not encoded[:, 0]: with a symbolic batch (jax2tf, jax.export) that indexing becomes a
-      # dynamic gather, which the TFLite converter cannot lower; this is a plain slice.
-      return jax.lax.index_in_dim(encoded, 0, axis=1, keepdims=False)
-    if self.num_prefix_tokens:
-      encoded = encoded[:, self.num_prefix_tokens:]
+      return jax.lax.index_in_dim(encoded, 0, axis=1, keepdims=False)  # See tokens_split.
+    encoded = tokens_split(encoded, self.num_prefix_tokens)[1]
     if self.classifier == "gap":
       return jnp.mean(encoded, axis=1)
     return MAPHead(self.mlp_dim, self.num_heads, self.dtype, self.attention_impl, self.gelu,
