@@ -158,3 +158,25 @@ def test_fewshot_batches_are_preprocessed_as_the_checkpoint_was(dataset):
         checkpoint.Preprocessing(value_range))
     images = np.asarray(next(batches())["image"])
     assert (images.min(), images.max()) == pytest.approx(value_range, abs=0.01)
+
+
+def test_the_representations_read_the_output_tokens_as_the_dinov2_probe_does(tmp_path):
+  """Class token first, registers after it, patches last: the patch mean leaves the class token
+  and the registers out; a model without a class token refuses to give one."""
+  loaded = checkpoint.load(tiny_serving_checkpoint(tmp_path / "families.npz", "families"))
+  images = np.random.default_rng(0).uniform(-1, 1, (3, 32, 32, 3)).astype(np.float32)
+  fn = lambda r: np.asarray(fewshot_lsr.representation_fn(loaded.model, r)(  # noqa: E731
+      loaded.params, images))
+  _, aux = loaded.model.apply({"params": loaded.params}, images, return_aux=True)
+  tokens = np.asarray(aux["encoded"])
+  assert loaded.model.num_prefix_tokens == 3  # The class token and two registers.
+  np.testing.assert_array_equal(fn("pre_logits"), aux["pre_logits"])
+  np.testing.assert_array_equal(fn("class_token"), tokens[:, 0])
+  np.testing.assert_allclose(fn("patch_mean"), tokens[:, 3:].mean(axis=1), rtol=1e-6, atol=1e-6)
+  both = fn("class_token+patch_mean")
+  assert both.shape == (3, 64)
+  np.testing.assert_array_equal(both, np.concatenate([fn("class_token"), fn("patch_mean")], -1))
+  gap = checkpoint.load(tiny_serving_checkpoint(tmp_path / "plain.npz", "plain")).model.clone(
+      classifier="gap")
+  with pytest.raises(ValueError, match="no class token; use patch_mean"):
+    fewshot_lsr.representation_fn(gap, "class_token+patch_mean")

@@ -149,10 +149,31 @@ def fewshot_datasets(names: Sequence[str], data_dir: str | None, train_split: st
   return out
 
 
-def representation_fn(model) -> Callable:
-  """`(params, images) -> pre-logits`: the representation the probes are fitted on."""
-  return lambda params, images: model.apply({"params": params}, images, return_aux=True)[1][
-      "pre_logits"]
+# What the probes are fitted on: the head's input (the model's own pooling), or the encoder's
+# output tokens (after its final norm, where it has one) as the DINOv2 paper's linear probe
+# reads them: the class token, the patch tokens' mean, or the two side by side.
+REPRESENTATIONS = ("pre_logits", "class_token", "patch_mean", "class_token+patch_mean")
+
+
+def representation_fn(model, representation: str = "pre_logits") -> Callable:
+  """`(params, images) -> (batch, features)`: the `representation` (REPRESENTATIONS) the probes
+  are fitted on. Raises ValueError for one the model does not have."""
+  if representation not in REPRESENTATIONS:
+    raise ValueError(f"representation {representation!r}: expected one of {REPRESENTATIONS}.")
+  if "class_token" in representation and not (model.classifier == "token" or model.class_token):
+    raise ValueError(f"representation {representation!r}: the model has no class token; use "
+                     "patch_mean or pre_logits.")
+
+  def features(params, images):
+    import jax.numpy as jnp  # Here: the command's checks run before JAX loads.
+    aux = model.apply({"params": params}, images, return_aux=True)[1]
+    if representation == "pre_logits":
+      return aux["pre_logits"]
+    tokens = aux["encoded"]  # The class token first, then the registers, then the patches.
+    parts = {"class_token": tokens[:, 0],
+             "patch_mean": tokens[:, model.num_prefix_tokens:].mean(axis=1)}
+    return jnp.concatenate([parts[k] for k in representation.split("+")], axis=-1)
+  return features
 
 
 @dataclasses.dataclass

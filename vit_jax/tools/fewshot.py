@@ -29,7 +29,7 @@ OUTPUTS = ("fewshot.csv", "fewshot.md", "fewshot.png")
 
 def write_reports(rows: list[dict], failures: dict[str, str], out_dir: str) -> None:
   os.makedirs(out_dir, exist_ok=True)
-  fields = ["checkpoint", "dataset", "shots", "mean", "std", "l2", "accuracies"]
+  fields = ["checkpoint", "dataset", "shots", "mean", "std", "l2", "accuracies", "representation"]
   with open(os.path.join(out_dir, OUTPUTS[0]), "w", newline="") as f:
     writer = csv.DictWriter(f, fields)
     writer.writeheader()
@@ -72,7 +72,7 @@ def _plot(rows: list[dict], datasets: list[str], path: str) -> None:
 
 def _probe(path: str, model_name: str | None, image_size: int | None, datasets: Callable,
            shots: Sequence[int], seeds: int, l2_regs: Sequence[float], failures: dict[str, str],
-           base: str | None = None) -> list[dict]:
+           base: str | None = None, representation: str = "pre_logits") -> list[dict]:
   """One checkpoint's rows, on the datasets preprocessed as its description says (at
   `image_size`, else at its own resolution); a job per dataset, its failures in `failures`
   (`CKPT on DATASET`, or `CKPT` where it cannot be loaded)."""
@@ -82,15 +82,19 @@ def _probe(path: str, model_name: str | None, image_size: int | None, datasets: 
       base=base), failures)
   if ckpt is None:
     return []
+  features = jobs.attempt(
+      path, lambda: fewshot_lsr.representation_fn(ckpt.model, representation), failures)
+  if features is None:
+    return []
   evaluator = fewshot_lsr.FewShotEvaluator(
-      fewshot_lsr.representation_fn(ckpt.model),
-      datasets(ckpt.image_size, ckpt.description.preprocessing), shots, seeds, l2_regs)
+      features, datasets(ckpt.image_size, ckpt.description.preprocessing), shots, seeds, l2_regs)
   rows = []
   for name in evaluator.datasets:
     for r in jobs.attempt(f"{path} on {name}", lambda: evaluator.run_dataset(ckpt.params, name),
                           failures) or []:
       rows.append(dict(checkpoint=path, dataset=r.dataset, shots=r.shots, mean=r.mean,
-                       std=r.std, l2=r.l2, accuracies=" ".join(f"{a:.4f}" for a in r.accuracies)))
+                       std=r.std, l2=r.l2, accuracies=" ".join(f"{a:.4f}" for a in r.accuracies),
+                       representation=representation))
       print(f"  {r.dataset} {r.shots:>3}-shot: {100 * r.mean:.2f} ± {100 * r.std:.2f} "
             f"(l2={r.l2:g})", flush=True)
   return rows
@@ -113,8 +117,8 @@ def check_shots(datasets: Sequence[str], data_dir: str | None, train_split: str,
 def sweep(checkpoints: Sequence[str], model_name: str | None, datasets: Sequence[str],
           data_dir: str | None, train_split: str, test_split: str, image_size: int | None,
           batch_size: int, shots: Sequence[int], seeds: int, l2_regs: Sequence[float],
-          out_dir: str, download: bool = False, base: str | None = None
-          ) -> tuple[list[dict], dict[str, str]]:
+          out_dir: str, download: bool = False, base: str | None = None,
+          representation: str = "pre_logits") -> tuple[list[dict], dict[str, str]]:
   """Probes every checkpoint on every dataset: jobs.py's rule, a job per (checkpoint, dataset);
   returns the rows and the failed jobs (see _probe) with why.
 
@@ -134,7 +138,8 @@ def sweep(checkpoints: Sequence[str], model_name: str | None, datasets: Sequence
   rows, failures = [], {}
   for i, path in enumerate(checkpoints):
     print(f"[{i + 1}/{len(checkpoints)}] {path}", flush=True)
-    rows += _probe(path, model_name, image_size, batches, shots, seeds, l2_regs, failures, base)
+    rows += _probe(path, model_name, image_size, batches, shots, seeds, l2_regs, failures, base,
+                   representation)
   write_reports(rows, failures, out_dir)
   return rows, failures
 
@@ -170,6 +175,9 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--l2", type=lambda s: [float(v) for v in s.split(",")],
                  default=list(fewshot_lsr.DEFAULT_L2))
   p.add_argument("--out_dir", default="fewshot_results")
+  p.add_argument("--representation", choices=fewshot_lsr.REPRESENTATIONS, default="pre_logits",
+                 help="what the probes see: the head's input, or the output tokens' class token, "
+                 "patch mean or both (the DINOv2 paper's linear probe: class_token+patch_mean)")
   cli.add_base_flag(p)
   cli.add_verbose_flag(p)
   return p
@@ -191,7 +199,8 @@ def main(argv: list[str]) -> int:
   try:
     _, failures = sweep(paths, args.model, args.datasets.split(","), args.data_dir,
                         args.train_split, args.test_split, args.image_size, args.batch_size,
-                        args.shots, args.seeds, args.l2, args.out_dir, args.download, args.base)
+                        args.shots, args.seeds, args.l2, args.out_dir, args.download, args.base,
+                        args.representation)
   except data.DataOptionError as e:  # A dataset that cannot be read: nothing to probe on.
     return cli.input_error(e.worded(_DATA_OPTIONS))
   print(f"Wrote {args.out_dir}/fewshot.{{csv,md,png}}", flush=True)
