@@ -67,6 +67,20 @@ def test_a_dead_holders_lock_is_taken_over_with_one_warning(tmp_path, caplog):
   assert os.listdir(tmp_path) == []
 
 
+def test_a_killed_holder_not_yet_reaped_is_dead(tmp_path):
+  """A run killed with its parent waits as a zombie until init reaps it (seconds in a
+  container): its lock is free, and the run restarted at once takes it."""
+  child = subprocess.Popen(["sleep", "60"])
+  child.kill()
+  while not workdir_lock._zombie(child.pid):  # Ended; not waited for.
+    pass
+  write_lock(tmp_path, socket.gethostname(), child.pid)
+  lock = workdir_lock.take(str(tmp_path))
+  assert json.loads((tmp_path / "lock").read_text())["pid"] == os.getpid()
+  lock.release()
+  child.wait()
+
+
 def test_release_leaves_a_lock_that_another_process_holds_now(tmp_path):
   lock = workdir_lock.take(str(tmp_path))
   write_lock(tmp_path, socket.gethostname(), os.getppid())  # Removed by hand, taken by another.

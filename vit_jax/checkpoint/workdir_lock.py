@@ -65,7 +65,17 @@ class Holder:
       return False
     except PermissionError:  # Another user's process.
       return True
-    return True
+    return not _zombie(self.pid)
+
+
+def _zombie(pid: int) -> bool:
+  """Whether the process has ended and waits to be reaped (Linux's state Z). A killed run whose
+  parent died too stays so until init reaps it, seconds where init is a container's."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+  except (OSError, IndexError):
+    return False
 
 
 def lock_path(workdir: str) -> str:
