@@ -162,11 +162,14 @@ def run_commands(args: argparse.Namespace, tpu: Slice,
   already) and starts the job there, detached, logging to LOG, with `env` set; its exit
   status goes to EXIT."""
   config, arg = common.check_config(args.config)
-  if tpu.hosts != 1 and not args.workdir.startswith("gs://"):
+  # Slices of one host each still make a run of several processes, on machines of their own.
+  slices = getattr(args, "num_slices", 1)
+  if (tpu.hosts != 1 or slices > 1) and not args.workdir.startswith("gs://"):
+    machines = "the workers of a pod slice" if tpu.hosts != 1 else f"the {slices} slices"
     raise LaunchError(
-        f"--workdir {args.workdir}: the workers of a pod slice share no disk, so checkpoints "
+        f"--workdir {args.workdir}: {machines} share no disk, so checkpoints "
         "must go to a bucket: give --workdir gs://BUCKET/PATH.")
-  distributed = [] if tpu.hosts == 1 else ["--distributed"]
+  distributed = [] if tpu.hosts == 1 and slices == 1 else ["--distributed"]
   spec = args.config if config is None else f"run_configs/{config.name}{arg}"
   train = [*(["env", *(f"{k}={v}" for k, v in env.items())] if env else []), ".venv/bin/python",
            "-m", "vit_jax.tools.train", "--config", spec, "--workdir", args.workdir,

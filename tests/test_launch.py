@@ -306,6 +306,19 @@ def test_multislice_asks_for_one_queued_resource_and_joins_its_slices():
                        f"MEGASCALE_SLICE_ID={slice_id}"]
 
 
+def test_single_host_slices_joined_make_a_distributed_run_on_a_bucket():
+  """Two v5litepod-8 slices have one host each, yet the run is two processes on two machines:
+  jax.distributed joins them, and only a bucket is a workdir both see."""
+  two = ["up", "--queued", "--num-slices", "2", *QUEUED, "--accelerator-type", "v5litepod-8"]
+  runs = [c for c in dry_run("tpu_vm.py", *two, *RUN)
+          if "--command" in c and "vit_jax.tools.train" in flag(c, "--command")]
+  assert [remote_train(run)[-2:] for run in runs] == [["gs://bucket/run", "--distributed"]] * 2
+  local = launch("tpu_vm.py", *two, "--config", "quickstart", "--workdir", "/tmp/run",
+                 "--dry-run")
+  assert local.returncode == 2 and "--workdir /tmp/run: the 2 slices share no disk" in (
+      local.stderr) and not local.stdout
+
+
 def test_queued_delete_takes_the_nodes_with_it():
   (delete,) = dry_run("tpu_vm.py", "delete", "--queued", "--name", "vit", "--zone", "us-west4-a")
   assert delete[3:7] == ["queued-resources", "delete", "vit", "--force"]
