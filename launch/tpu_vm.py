@@ -300,13 +300,15 @@ def handle_queued(args: argparse.Namespace, tpu: Slice) -> int:
   if args.dry_run:
     _queued_dry_run(args, tpu, job)
     return 0
+  if args.command != "watch":
+    # Asking again deletes what is there: a running job's slice, for a repeated `up --recover`.
+    state = queued.describe(args)
+    if state.name != "NOT_FOUND":
+      raise LaunchError(f"queued resource {args.name} exists already ({state}): follow its "
+                        "job with `watch` (the same flags as `up`), or delete it first with "
+                        "`delete --queued`.")
   if getattr(args, "recover", False):  # up --recover, watch.
     return recover.follow(job, request_first=args.command != "watch")
-  state = queued.describe(args)
-  if state.name != "NOT_FOUND":
-    raise LaunchError(f"queued resource {args.name} exists already ({state}): follow its job "
-                      "with `watch` (the same flags as `up`), or delete it first with "
-                      "`delete --queued`.")
   try:
     recover.request(job, "the first request")
   except KeyboardInterrupt:

@@ -460,6 +460,13 @@ def test_watch_follows_a_job_started_before(tmp_path):
   started, calls = _queued_up(tmp_path, [{"states": ["ACTIVE"]}], python=str(crash))
   assert started.returncode == 0 and "Started. Follow it:" in started.stdout
   env, folder = scripted_gcloud(tmp_path)  # The same fake Cloud, in the state `up` left.
+  # `up --recover` again (not `watch`) would delete the running job's slice to ask anew.
+  again = launch("tpu_vm.py", "up", "--queued", "--recover", *QUEUED, "--accelerator-type",
+                 "v5litepod-8", "--config", "quickstart", "--workdir", str(tmp_path / "run"),
+                 env=env)
+  assert again.returncode == 2 and "queued resource vit exists already (ACTIVE): follow its " \
+      "job with `watch`" in again.stderr
+  assert not any("delete" in c for c in (folder / "gcloud.log").read_text().splitlines())
   watched = launch("tpu_vm.py", "watch", "--poll-seconds", "0.05", "--max-restarts", "0",
                    *QUEUED, "--accelerator-type", "v5litepod-8", "--config", "quickstart",
                    "--workdir", str(tmp_path / "run"), env=env | {"FAKE_GCLOUD_PYTHON": str(crash)})
