@@ -1,13 +1,14 @@
 """Follows a job on queued-resource TPU slices until its workdir says it finished, and brings it
-back when it stops short: a slice preempted, deleted, under maintenance or unhealthy, or the
-job's process gone without finishing. Then it deletes the queued resource, asks for the same one
-again, sets the slices up and reruns the same command, which resumes from the last step saved
-in the workdir.
+back when it stops short: a slice preempted, deleted, under maintenance or unhealthy (while
+the job runs or while it is set up), or the job's process gone without finishing. Then it
+deletes the queued resource, asks for the same one again, sets the slices up and reruns the
+same command, which resumes from the last step saved in the workdir.
 
-It gives up on a job that fails the same way twice in a row without progress (a bug, not
-capacity: exit status 1), after --max-restarts restarts, and on Ctrl-C, which leaves the slices
-and their job as they are. Each event is one line with its time. The workdir's goodput.json
-(vit_jax/goodput.py) tells the job's progress, and records each wait for capacity.
+It gives up on a job, or a set-up on healthy slices, that fails the same way twice in a row
+without progress (a bug, not capacity: exit status 1), after --max-restarts restarts, and on
+Ctrl-C, which leaves the slices and their job as they are. Each event is one line with its
+time. The workdir's goodput.json (vit_jax/goodput.py) tells the job's progress, and records
+each wait for capacity.
 """
 import argparse
 import dataclasses
@@ -133,8 +134,8 @@ def watch(job: Job, seen: int) -> tuple[str | None, int]:
 
 
 def request(job: Job, why: str) -> None:
-  """Deletes what is left of the queued resource, asks for it again, waits for it, records the
-  wait in the workdir and starts the job on it."""
+  """Deletes what is left of the queued resource, asks for it again, waits for it and records
+  the wait in the workdir."""
   args = job.args
   state = queued.describe(args)
   while state.name in ("SUSPENDING", "DELETING"):  # A preempted job saves meanwhile.
@@ -150,7 +151,17 @@ def request(job: Job, why: str) -> None:
   say(f"active after {goodput.duration(time.time() - requested)}")
   if getattr(args, "workdir", None):  # `create` has none, and starts nothing.
     goodput.record_capacity(args.workdir, requested, time.time(), why)
-  job.start()
+
+
+def start(job: Job) -> str | None:
+  """Sets up the slices and starts the job; None, or why it did not start: the slices taken
+  away meanwhile (a Spot slice can go during its set-up), or the command that failed."""
+  try:
+    job.start()
+  except subprocess.CalledProcessError as e:
+    return slice_trouble(job) or (
+        f"set-up failed ({' '.join(e.cmd[3:6])} exited with code {e.returncode})")
+  return None
 
 
 def _slices(args: argparse.Namespace) -> str:
@@ -173,14 +184,28 @@ def follow(job: Job, request_first: bool) -> int:
     return left_as_is(job.args)
 
 
+def _not_capacity(job: Job, trouble: str, step: int) -> str:
+  """Why a run or its set-up failing the same way twice stops the launcher."""
+  if trouble.startswith("set-up"):
+    return (f"{trouble} twice in a row, on slices the TPU service called healthy: not a lack "
+            "of capacity; gcloud's output is above")
+  node = queued.node_names(job.args)[0]
+  return (f"the job {trouble} twice in a row without progress past step {step}: a failure of "
+          f"the run, not of capacity; read its log: python launch/tpu_vm.py logs --name {node} "
+          f"--zone {job.args.zone}")
+
+
 def _follow(job: Job, request_first: bool) -> int:
   restarts, last = 0, None
   why = "the first request"
   seen = Progress.read(job.args.workdir).attempts
   while True:
+    trouble = None
     if request_first or restarts:
       request(job, why)
-    trouble, seen = watch(job, seen)
+      trouble = start(job)
+    if trouble is None:
+      trouble, seen = watch(job, seen)
     progress = Progress.read(job.args.workdir)
     if trouble is None:
       a = job.args
@@ -191,11 +216,8 @@ def _follow(job: Job, request_first: bool) -> int:
       return 0
     why = f"{trouble} at about step {progress.step}"
     say(why)
-    if trouble.startswith("exited") and last == (trouble, progress.step):
-      node = queued.node_names(job.args)[0]
-      raise common.Failed(f"the job {trouble} twice in a row without progress past step "
-                          f"{progress.step}: a failure of the run, not of capacity; read its "
-                          f"log: python launch/tpu_vm.py logs --name {node} --zone {job.args.zone}")
+    if trouble.startswith(("exited", "set-up")) and last == (trouble, progress.step):
+      raise common.Failed(_not_capacity(job, trouble, progress.step))
     last = (trouble, progress.step)
     restarts += 1
     if restarts > job.args.max_restarts:

@@ -311,6 +311,7 @@ def handle_queued(args: argparse.Namespace, tpu: Slice) -> int:
     return recover.follow(job, request_first=args.command != "watch")
   try:
     recover.request(job, "the first request")
+    job.start()
   except KeyboardInterrupt:
     return recover.left_as_is(args)
   if args.command == "up":

@@ -6,6 +6,8 @@ FAKE_GCLOUD_DIR holds `history.json`, one entry per `queued-resources create`, i
   {"states": ["WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"],  # one per describe, the
                                                                    # last one kept
    "error": "why a FAILED state failed",
+   "node": {"state": "PREEMPTED"},  # the nodes once ACTIVE (default READY and HEALTHY)
+   "install_exit": 1,               # the install's exit status on them (default 0)
    "then": {"at_step": 6,
             "event": "preempt" | "maintenance" | "unhealthy" | "delete" | "crash" | "restart",
             "signal": "TERM" | "KILL"}}                            # once the job logs the step
@@ -91,7 +93,8 @@ def describe(qr: dict) -> dict:
   name = request["states"][min(qr["describes"], len(request["states"]) - 1)]
   qr["describes"] += 1
   if name == "ACTIVE" and "health" not in qr:
-    qr["health"] = {n: {"state": "READY", "health": "HEALTHY"} for n in qr["nodes"]}
+    found = request.get("node", {"state": "READY", "health": "HEALTHY"})
+    qr["health"] = {n: dict(found) for n in qr["nodes"]}
   if name == "FAILED":
     return {"state": name, "failedData": {"error": {"code": 9, "message": request["error"]}}}
   return {"state": name}
@@ -129,7 +132,8 @@ def tpu_vm(verb: str, argv: list[str]) -> int:
 def ssh(name: str, home: pathlib.Path, command: str) -> int:
   """Runs the command in the node's home; the install is the tests' venv already there."""
   if "uv pip install" in command:
-    return 0
+    with State() as s:
+      return history()[s["qr"]["request"]].get("install_exit", 0)
   python = home / "vit_jax" / ".venv" / "bin" / "python"
   if not python.exists():
     python.parent.mkdir(parents=True)

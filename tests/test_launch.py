@@ -433,6 +433,33 @@ def test_each_way_a_job_stops_short_is_told_and_the_slice_asked_for_again(tmp_pa
   assert "queued resource vit is FAILED (no capacity)" in result.stderr
 
 
+def test_a_slice_taken_away_during_its_set_up_is_asked_for_again(tmp_path):
+  """A Spot slice preempted between ACTIVE and the job's start (its ssh refused): a
+  preemption like any other, not the launcher's end."""
+  history = [{"states": ["ACTIVE", "SUSPENDED"], "node": {"state": "PREEMPTED"}},
+             {"states": ["FAILED"], "error": "no capacity"}]
+  result, calls = _queued_up(tmp_path, history, "--recover")
+  assert result.returncode == 1, result.stderr
+  assert re.search(r"^\[[\d :-]+\] preempted \(queued resource SUSPENDED\) at about step 0$",
+                   result.stdout, re.M)
+  assert sum("queued-resources create" in c for c in calls) == 2
+  assert "queued resource vit is FAILED (no capacity)" in result.stderr
+
+
+def test_a_set_up_failing_twice_on_healthy_slices_stops(tmp_path):
+  """The install fails on a fresh slice and on the next: not capacity, so exit 1 instead of
+  asking for slices for ever."""
+  result, calls = _queued_up(tmp_path, [{"states": ["ACTIVE"], "install_exit": 1}] * 3,
+                             "--recover")
+  assert result.returncode == 1, result.stderr
+  why = "set-up failed (tpu-vm ssh vit exited with code 1)"
+  assert result.stdout.count(f"{why} at about step 0") == 2
+  [line] = result.stderr.splitlines()
+  assert line == (f"error: {why} twice in a row, on slices the TPU service called healthy: not "
+                  "a lack of capacity; gcloud's output is above")
+  assert sum("queued-resources create" in c for c in calls) == 2
+
+
 @pytest.mark.parametrize("after,why", [
     ("SUSPENDING", "preempted (queued resource SUSPENDING (by the TPU service))"),
     ("ACTIVE", "deleted (node vit is STOPPING)"),
