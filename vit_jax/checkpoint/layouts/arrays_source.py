@@ -2,7 +2,7 @@
 name, every array it did not use: no weight is dropped without a word. torch's shapes of a
 Linear and a Conv2d come out in flax's."""
 import re
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from absl import logging
 import numpy as np
@@ -22,6 +22,14 @@ class Source:
 
   def has(self, key: str) -> bool:
     return key in self._left
+
+  def numbered(self, prefix: str, suffix: str) -> Iterator[int]:
+    """0, 1, ... while `prefix`{i}`suffix` is left: the numbered layers (blocks, stages) a
+    checkpoint holds, in order, up to the first one missing."""
+    i = 0
+    while self.has(f"{prefix}{i}{suffix}"):
+      yield i
+      i += 1
 
   def take(self, key: str) -> np.ndarray:
     if key not in self._left:

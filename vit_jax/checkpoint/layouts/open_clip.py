@@ -108,10 +108,9 @@ def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
         "visual.ln_pre")
   else:  # no_ln_pre: conv1 still has no bias.
     out["embedding/bias"] = np.zeros(width, out["embedding/kernel"].dtype)
-  heads, i = _heads(config, width, source), 0
-  while src.has(f"visual.transformer.resblocks.{i}.ln_1.weight"):
+  heads = _heads(config, width, source)
+  for i in src.numbered("visual.transformer.resblocks.", ".ln_1.weight"):
     out |= _block(src, i, heads)
-    i += 1
   vision = vision_cfg(config)
   fc_norm = vision.get("pool_type", "tok") == "avg" and vision.get("final_ln_after_pool")
   norm = "fc_norm" if fc_norm else "Transformer/encoder_norm"

@@ -182,8 +182,8 @@ def _mlp(src: arrays_source.Source, p: str, q: str) -> dict[str, np.ndarray]:
 
 
 def _blocks(src: arrays_source.Source, heads: int) -> dict[str, np.ndarray]:
-  out, i = {}, 0
-  while src.has(f"blocks.{i}.norm1.weight"):
+  out = {}
+  for i in src.numbered("blocks.", ".norm1.weight"):
     p, q = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
     out[q + "LayerNorm_0/scale"], out[q + "LayerNorm_0/bias"] = src.take_pair(p + "norm1")
     out |= _attention(src, p + "attn.", q + "MultiHeadDotProductAttention_1/", heads)
@@ -192,7 +192,6 @@ def _blocks(src: arrays_source.Source, heads: int) -> dict[str, np.ndarray]:
     if src.has(p + "gamma_1"):
       out[q + "LayerScale_0/scale"] = src.take(p + "gamma_1")
       out[q + "LayerScale_1/scale"] = src.take(p + "gamma_2")
-    i += 1
   return out
 
 

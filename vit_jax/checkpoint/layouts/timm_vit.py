@@ -44,10 +44,8 @@ def _backbone(src: arrays_source.Source) -> dict[str, np.ndarray]:
   stem = b + "stem." if src.has(b + "stem.conv.weight") else b  # Stem-only: R+ViT-Ti_16.
   out["conv_root/kernel"] = src.conv(stem + "conv.weight")
   out["gn_root/scale"], out["gn_root/bias"] = src.take_pair(stem + "norm")
-  i = 0
-  while src.has(f"{b}stages.{i}.blocks.0.conv1.weight"):
-    j = 0
-    while src.has(f"{b}stages.{i}.blocks.{j}.conv1.weight"):
+  for i in src.numbered(b + "stages.", ".blocks.0.conv1.weight"):
+    for j in src.numbered(f"{b}stages.{i}.blocks.", ".conv1.weight"):
       p, q = f"{b}stages.{i}.blocks.{j}.", f"block{i + 1}/unit{j + 1}/"
       for r in (1, 2, 3):
         out[q + f"conv{r}/kernel"] = src.conv(p + f"conv{r}.weight")
@@ -55,8 +53,6 @@ def _backbone(src: arrays_source.Source) -> dict[str, np.ndarray]:
       if src.has(p + "downsample.conv.weight"):
         out[q + "conv_proj/kernel"] = src.conv(p + "downsample.conv.weight")
         out[q + "gn_proj/scale"], out[q + "gn_proj/bias"] = src.take_pair(p + "downsample.norm")
-      j += 1
-    i += 1
   return out
 
 
@@ -108,8 +104,8 @@ def _attention(src: arrays_source.Source, p: str, q: str, heads: int) -> dict[st
 
 
 def _blocks(src: arrays_source.Source, heads: int) -> dict[str, np.ndarray]:
-  out, i = {}, 0
-  while src.has(f"blocks.{i}.norm1.weight"):
+  out = {}
+  for i in src.numbered("blocks.", ".norm1.weight"):
     p, q = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
     out[q + "LayerNorm_0/scale"], out[q + "LayerNorm_0/bias"] = src.take_pair(p + "norm1")
     out |= _attention(src, p, q + "MultiHeadDotProductAttention_1/", heads)
@@ -120,7 +116,6 @@ def _blocks(src: arrays_source.Source, heads: int) -> dict[str, np.ndarray]:
     if src.has(p + "ls1.gamma"):  # LayerScale (DINOv2), on both branches.
       out[q + "LayerScale_0/scale"] = src.take(p + "ls1.gamma")
       out[q + "LayerScale_1/scale"] = src.take(p + "ls2.gamma")
-    i += 1
   return out
 
 

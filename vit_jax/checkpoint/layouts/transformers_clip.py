@@ -100,10 +100,8 @@ def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
   _position_ids(src, e + "position_ids", posemb.shape[0])
   out["Transformer/pre_norm/scale"], out["Transformer/pre_norm/bias"] = src.take_pair(
       "pre_layrnorm")
-  i = 0
-  while src.has(f"encoder.layers.{i}.layer_norm1.weight"):
+  for i in src.numbered("encoder.layers.", ".layer_norm1.weight"):
     out |= _block(src, i, heads)
-    i += 1
   out["Transformer/encoder_norm/scale"], out["Transformer/encoder_norm/bias"] = src.take_pair(
       "post_layernorm")
   if src.has("visual_projection.weight"):

@@ -79,10 +79,8 @@ def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
     src.take("embeddings.mask_token")
   if src.has("embeddings.register_tokens"):  # Dinov2WithRegistersModel's, after the class token.
     out["reg"] = src.take("embeddings.register_tokens")
-  i = 0
-  while src.has(f"encoder.layer.{i}.norm1.weight"):
+  for i in src.numbered("encoder.layer.", ".norm1.weight"):
     out |= _block(src, i, heads)
-    i += 1
   out["Transformer/encoder_norm/scale"], out["Transformer/encoder_norm/bias"] = src.take_pair(
       "layernorm")
   src.check_all_used()

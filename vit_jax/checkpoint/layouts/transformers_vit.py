@@ -77,10 +77,8 @@ def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
   CheckpointError naming any array it does not use."""
   src = arrays_source.Source({k.removeprefix("vit."): v for k, v in arrays.items()}, source)
   heads, out = num_heads(config, source), embeddings(src)
-  i = 0
-  while src.has(f"encoder.layer.{i}.layernorm_before.weight"):
+  for i in src.numbered("encoder.layer.", ".layernorm_before.weight"):
     out |= _block(src, i, heads)
-    i += 1
   out["Transformer/encoder_norm/scale"], out["Transformer/encoder_norm/bias"] = src.take_pair(
       "layernorm")
   for prefix, to in (("pooler.dense", "pre_logits/"), ("classifier", "head/")):
