@@ -324,6 +324,13 @@ def _check_flags(args: argparse.Namespace, tpu: Slice) -> None:
   """--queued's flags: refused without it, and checked against the slice."""
   if getattr(args, "queued", False):
     queued.check(args, args.accelerator_type.rsplit("-", 1)[0])
+    # A relative path is under ~/vit_jax on the slice and under the cwd here.
+    if getattr(args, "recover", False) and not (
+        "://" in args.workdir or os.path.isabs(args.workdir)):
+      raise LaunchError(
+          f"--workdir {args.workdir}: following the job reads its progress there, from this "
+          "machine, and a slice asked for again starts with an empty disk: give "
+          "gs://BUCKET/PATH (or a file system mounted at one absolute path here and there).")
     return
   needs = [f for f in ("reserved", "best_effort", "valid_until_duration", "recover")
            if getattr(args, f, None)]

@@ -331,6 +331,8 @@ def test_queued_delete_takes_the_nodes_with_it():
     (["--num-slices", "2"], "--num-slices asks for a queued resource: add --queued"),
     (["--queued", "--valid-until-duration", "6 hours"], "expected a duration such as 30m"),
     (["--queued", "--spot", "--reserved"], "not allowed with argument --spot"),
+    (["--queued", "--recover", "--accelerator-type", "v5litepod-8", "--workdir", "runs/b16"],
+     "--workdir runs/b16: following the job reads its progress there, from this machine"),
 ])
 def test_requests_the_tpu_service_would_refuse_stop_before_any_gcloud_command(
     fake_gcloud, flags, message):
