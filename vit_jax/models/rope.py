@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax.models import tokens
+
 KINDS = ("none", "eva", "dinov3")
 _HALF = {"eva": False, "dinov3": True}  # Pairs of halves, else of adjacent dimensions.
 
@@ -75,11 +77,8 @@ def _rotated(x: jax.Array, half: bool) -> jax.Array:
 def apply(x: jax.Array, sin: jax.Array, cos: jax.Array, kind: str) -> jax.Array:
   """(batch, tokens, heads, head_dim) queries or keys, the last len(sin) tokens (the patches)
   rotated in float32 and cast back to x's dtype; the tokens before them as they are."""
-  # Plain slices: x[:, n:] with a symbolic batch (jax2tf, jax.export) is a dynamic gather,
-  # which the TFLite converter cannot lower.
-  split = x.shape[1] - sin.shape[0]
-  prefix, patches = (jax.lax.slice_in_dim(x, 0, split, axis=1),
-                     jax.lax.slice_in_dim(x, split, x.shape[1], axis=1).astype(jnp.float32))
+  prefix, patches = tokens.split(x, x.shape[1] - sin.shape[0])
+  patches = patches.astype(jnp.float32)
   sin, cos = sin[:, None, :], cos[:, None, :]  # Broadcast over the heads.
   patches = (patches * cos + _rotated(patches, _HALF[kind]) * sin).astype(x.dtype)
   return jnp.concatenate([prefix, patches], axis=1)

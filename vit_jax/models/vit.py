@@ -13,7 +13,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax.models import attention, lora as lora_lib, posemb_resize, resnet, rope as rope_lib
+from vit_jax.models import (attention, lora as lora_lib, posemb_resize, resnet, rope as rope_lib,
+                            tokens)
 from vit_jax.models.layer_norm import LayerNorm
 from vit_jax.models.mlp import GELUS, KINDS as MLPS, MlpBlock
 from vit_jax.models.posemb import AddPositionEmbs, posemb_sincos_2d
@@ -51,14 +52,6 @@ class Role(enum.Enum):
 
 def _field(role: Role, default: Any = dataclasses.MISSING) -> Any:
   return dataclasses.field(default=default, metadata={"role": role})
-
-
-def tokens_split(x: jnp.ndarray, n: int) -> tuple[jnp.ndarray, jnp.ndarray]:
-  """(batch, tokens, ...) -> the first n tokens and the rest, as plain slices: x[:, n:] with a
-  symbolic batch (jax2tf, jax.export) becomes a dynamic gather, which the TFLite converter
-  cannot lower."""
-  return (jax.lax.slice_in_dim(x, 0, n, axis=1),
-          jax.lax.slice_in_dim(x, n, x.shape[1], axis=1))
 
 
 class MultiHeadDotProductAttention(nn.Module):
@@ -213,7 +206,7 @@ class Encoder(nn.Module):
     if registers is not None:
       # After the class token, with no position embedding (Darcet et al., 2024).
       registers = jnp.tile(registers, [x.shape[0], 1, 1])
-      prefix, patches = tokens_split(x, num_prefix)
+      prefix, patches = tokens.split(x, num_prefix)
       x = jnp.concatenate([prefix, registers, patches], axis=1)
     x = nn.Dropout(self.dropout)(x, deterministic)
     if self.pre_norm:  # In float32: its output is the residual stream.
@@ -365,8 +358,8 @@ class VisionTransformer(nn.Module):
   def _pool(self, encoded: jnp.ndarray) -> jnp.ndarray:
     """The tokens to one vector: the class token, the patches' mean, or attention pooling."""
     if self.classifier == "token":
-      return jax.lax.index_in_dim(encoded, 0, axis=1, keepdims=False)  # See tokens_split.
-    encoded = tokens_split(encoded, self.num_prefix_tokens)[1]
+      return jax.lax.index_in_dim(encoded, 0, axis=1, keepdims=False)  # See tokens.split.
+    encoded = tokens.split(encoded, self.num_prefix_tokens)[1]
     if self.classifier == "gap":
       return jnp.mean(encoded, axis=1)
     return MAPHead(self.mlp_dim, self.num_heads, self.dtype, self.attention_impl, self.gelu,
