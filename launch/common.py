@@ -5,6 +5,7 @@ import pathlib
 import shlex
 import subprocess
 import sys
+import time
 from typing import Callable, Sequence
 
 from vit_jax import configs
@@ -73,6 +74,11 @@ def slurm_options(args: argparse.Namespace) -> list[str]:
   """--partition, --account and --time as given (srun and sbatch take them alike)."""
   return [f"--{k}={v}" for k, v in (("partition", args.partition), ("account", args.account),
                                      ("time", args.time)) if v]
+
+
+def say(message: str) -> None:
+  """An event of a launch, as one line with its time."""
+  print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {message}", flush=True)
 
 
 def execute(commands: Sequence[Sequence[str]], dry_run: bool) -> None:

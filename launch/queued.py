@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import re
+import shlex
 import subprocess
 import time
 from typing import Callable
@@ -23,6 +24,7 @@ TIERS = {"spot": "--spot", "reserved": "--reserved", "best_effort": "--best-effo
 WAITING = ("CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING")
 # How often the wait for capacity says it still waits, besides each change of state.
 STILL_WAITING_S = 15 * 60
+DESCRIBE_TRIES = 10  # A poll apart: 10 minutes of a failing API at the default --poll-seconds.
 
 
 class CapacityError(common.Failed):
@@ -102,14 +104,30 @@ def parse_state(text: str) -> State:
   return State(name)
 
 
+def described(command: list[str], poll_s: float) -> str | None:
+  """What a gcloud `describe` prints; None where it finds nothing. Another failure (the API
+  unavailable a while, a token that did not refresh) is said and tried again a poll later,
+  DESCRIBE_TRIES times in all before the launcher stops: a blip does not end a days-long
+  follow."""
+  for tries_left in reversed(range(DESCRIBE_TRIES)):
+    p = subprocess.run(command, capture_output=True, text=True)
+    if p.returncode == 0:
+      return p.stdout
+    if re.search(r"NOT_FOUND|not found", p.stderr):
+      return None
+    why = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
+    if not tries_left:
+      raise common.Failed(f"{shlex.join(command)} failed {DESCRIBE_TRIES} times in a row, a "
+                          f"poll apart; the last time: {why}")
+    common.say(f"{' '.join(command[3:6])} failed ({why}); trying again in "
+               f"{goodput.duration(poll_s)} ({tries_left} more tries)")
+    time.sleep(poll_s)
+
+
 def describe(args: argparse.Namespace) -> State:
   """The queued resource's state now; NOT_FOUND where there is none."""
-  p = subprocess.run(describe_command(args), capture_output=True, text=True)
-  if p.returncode:
-    if re.search(r"NOT_FOUND|not found", p.stderr):
-      return State("NOT_FOUND")
-    raise subprocess.CalledProcessError(p.returncode, p.args, p.stdout, p.stderr)
-  return parse_state(p.stdout)
+  text = described(describe_command(args), getattr(args, "poll_seconds", 60.0))
+  return State("NOT_FOUND") if text is None else parse_state(text)
 
 
 def advice(args: argparse.Namespace, state: State) -> str:

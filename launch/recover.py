@@ -13,21 +13,17 @@ each wait for capacity.
 import argparse
 import dataclasses
 import json
-import re
 import subprocess
 import time
 from typing import Callable
 
 from launch import common, queued
+from launch.common import say
 from vit_jax import goodput
 
 _NODE_GONE = ("PREEMPTED", "TERMINATED", "STOPPING", "STOPPED", "DELETING", "DELETED",
               "REPAIRING", "RESTARTING")
 _HEALTHY = (None, "", "HEALTHY", "HEALTH_UNSPECIFIED")
-
-
-def say(message: str) -> None:
-  print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {message}", flush=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,12 +37,10 @@ class Job:
 
 
 def _node_trouble(job: Job, node: str) -> str | None:
-  p = subprocess.run(job.node_command(node), capture_output=True, text=True)
-  if p.returncode:
-    if re.search(r"NOT_FOUND|not found", p.stderr):
-      return f"deleted (node {node} is gone)"
-    raise subprocess.CalledProcessError(p.returncode, p.args, p.stdout, p.stderr)
-  d = json.loads(p.stdout)
+  text = queued.described(job.node_command(node), job.poll_s)
+  if text is None:
+    return f"deleted (node {node} is gone)"
+  d = json.loads(text)
   state, health = d.get("state"), d.get("health")
   maintenance = d.get("upcomingMaintenance", {}).get("maintenanceStatus") == "ONGOING"
   if state == "PREEMPTED":

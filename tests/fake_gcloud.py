@@ -8,6 +8,7 @@ FAKE_GCLOUD_DIR holds `history.json`, one entry per `queued-resources create`, i
    "error": "why a FAILED state failed",
    "node": {"state": "PREEMPTED"},  # the nodes once ACTIVE (default READY and HEALTHY)
    "install_exit": 1,               # the install's exit status on them (default 0)
+   "unavailable": 2,                # describes of it that fail first (the API down a while)
    "then": {"at_step": 6,
             "event": "preempt" | "maintenance" | "unhealthy" | "delete" | "crash" | "restart",
             "signal": "TERM" | "KILL"}}                            # once the job logs the step
@@ -81,6 +82,9 @@ def queued_resources(verb: str, argv: list[str]) -> int:
       kill(qr["nodes"], signal.SIGKILL)
       s["qr"] = None
       return 0
+    if qr.setdefault("failing", history()[qr["request"]].get("unavailable", 0)):
+      qr["failing"] -= 1
+      return fail("UNAVAILABLE: The service is currently unavailable.")
     print(json.dumps({"state": describe(qr)}))
     return 0
 

@@ -506,6 +506,29 @@ def test_watch_follows_a_job_started_before(tmp_path):
   assert sum("queued-resources create" in c for c in calls) == 1  # Only `up`'s.
 
 
+@pytest.mark.parametrize("failing,code", [(2, 0), (10, 1)])
+def test_a_describe_failing_a_while_is_said_and_tried_again(tmp_path, failing, code):
+  """The API unavailable for two polls: each failure one line, and the wait goes on; for ten
+  in a row (ten minutes at the default --poll-seconds): one line, exit 1."""
+  env, folder = scripted_gcloud(tmp_path)
+  (folder / "history.json").write_text(json.dumps(
+      [{"states": ["PROVISIONING", "ACTIVE"], "unavailable": failing}]))
+  result = launch("tpu_vm.py", "create", "--queued", "--poll-seconds", "0.05", *QUEUED[:-1],
+                  env=env)
+  assert result.returncode == code, result.stderr
+  unavailable = "ERROR: (gcloud) UNAVAILABLE: The service is currently unavailable."
+  said = re.escape(f"queued-resources describe vit failed ({unavailable}); trying again in 0s")
+  tries = re.findall(rf"^\[[\d :-]+\] {said} \((\d) more tries\)$", result.stdout, re.M)
+  assert tries == ["9", "8", "7", "6", "5", "4", "3", "2", "1"][:failing]
+  if code == 0:
+    assert "queued resource vit: ACTIVE, after" in result.stdout
+  else:
+    [line] = result.stderr.splitlines()
+    assert line == ("error: gcloud compute tpus queued-resources describe vit --format=json "
+                    f"--zone=us-west4-a failed 10 times in a row, a poll apart; the last time: "
+                    f"{unavailable}")
+
+
 def test_create_queued_waits_for_the_slice_and_starts_nothing(tmp_path):
   env, folder = scripted_gcloud(tmp_path)
   (folder / "history.json").write_text(json.dumps([{"states": ["PROVISIONING", "ACTIVE"]}]))
