@@ -143,8 +143,9 @@ def request(job: Job, why: str) -> None:
       f" ({queued.tier(args) or 'on-demand'})")
   queued.wait_active(args, say, job.poll_s)
   say(f"active after {goodput.duration(time.time() - requested)}")
-  if getattr(args, "workdir", None):  # `create` has none, and starts nothing.
-    goodput.record_capacity(args.workdir, requested, time.time(), why)
+  if getattr(args, "workdir", None) and not goodput.record_capacity(  # `create` has none.
+      args.workdir, requested, time.time(), why):
+    say(f"this wait is not in {goodput.path(args.workdir)}: it could not be read just now")
 
 
 def start(job: Job) -> str | None:

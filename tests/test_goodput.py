@@ -43,3 +43,29 @@ def test_attempts_are_written_as_the_run_goes_and_end_with_their_outcome(tmp_pat
   assert [a["outcome"] for a in record["attempts"]] == ["finished", "failed: ValueError"]
   assert record["capacity"] == [{"requested": 1.0, "active": 2.0, "why": "preempted"}]
   assert goodput.summarize({"attempts": [], "capacity": []}) is None
+
+
+def test_a_record_that_could_not_be_read_is_not_written_over(tmp_path, monkeypatch):
+  """A bucket's read error while the run writes its progress: that write is skipped, not made
+  over an empty record, so the waits and attempts before stay (an unparsable file is
+  replaced)."""
+  goodput.record_capacity(tmp_path, 1.0, 2.0, "the first request")
+  stored = type(goodput.path(tmp_path))
+  read_text = stored.read_text
+
+  def failing(self, *args, **kwargs):
+    raise OSError("503 Service Unavailable")
+
+  with goodput.AttemptLog(str(tmp_path), 0, 10, min_interval_s=0) as log:
+    monkeypatch.setattr(stored, "read_text", failing)
+    log.step(1)
+    assert not goodput.record_capacity(tmp_path, 3.0, 4.0, "preempted")
+    monkeypatch.setattr(stored, "read_text", read_text)
+    log.step(2)
+  record = goodput.read(tmp_path)
+  assert [c["why"] for c in record["capacity"]] == ["the first request"]
+  assert [(a["last_step"], a["outcome"]) for a in record["attempts"]] == [(2, "finished")]
+  goodput.path(tmp_path).write_text("{not json")
+  assert goodput.record_capacity(tmp_path, 5.0, 6.0, "preempted")
+  assert goodput.read(tmp_path)["capacity"] == [{"requested": 5.0, "active": 6.0,
+                                                 "why": "preempted"}]

@@ -29,13 +29,21 @@ def path(workdir: str | epath.Path) -> epath.Path:
   return epath.Path(workdir) / NAME
 
 
-def read(workdir: str | epath.Path) -> dict[str, list[dict[str, Any]]]:
-  """The record; empty lists where there is none (or it does not read)."""
+def _stored(workdir: str | epath.Path) -> dict[str, list[dict[str, Any]]] | None:
+  """The record; empty lists where there is none or its text is no record; None where it could
+  not be read (a bucket's error): what is written then would replace the attempts before."""
   try:
     found = json.loads(path(workdir).read_text()) if path(workdir).exists() else {}
-  except (OSError, ValueError):
+  except OSError:
+    return None
+  except ValueError:
     found = {}
   return {"attempts": list(found.get("attempts", [])), "capacity": list(found.get("capacity", []))}
+
+
+def read(workdir: str | epath.Path) -> dict[str, list[dict[str, Any]]]:
+  """The record; empty lists where there is none (or it does not read)."""
+  return _stored(workdir) or {"attempts": [], "capacity": []}
 
 
 def _write(workdir: str | epath.Path, record: dict[str, Any]) -> None:
@@ -45,12 +53,17 @@ def _write(workdir: str | epath.Path, record: dict[str, Any]) -> None:
   partial.replace(target)  # A reader never sees half a file.
 
 
-def record_capacity(workdir: str | epath.Path, requested: float, active: float, why: str) -> None:
-  """Appends a wait for capacity (between attempts: no run writes the file meanwhile)."""
+def record_capacity(workdir: str | epath.Path, requested: float, active: float,
+                    why: str) -> bool:
+  """Appends a wait for capacity (between attempts: no run writes the file meanwhile); False
+  where the record could not be read, and so was left as it was."""
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-  record = read(workdir)
+  record = _stored(workdir)
+  if record is None:
+    return False
   record["capacity"].append({"requested": requested, "active": active, "why": why})
   _write(workdir, record)
+  return True
 
 
 class AttemptLog:
@@ -72,7 +85,9 @@ class AttemptLog:
   def _save(self) -> None:
     if not self.enabled:
       return
-    record = read(self.workdir)
+    record = _stored(self.workdir)
+    if record is None:  # Not written over: a later write tries again.
+      return
     if self.index is None:
       self.index = len(record["attempts"])
       record["attempts"].append(self.entry)
