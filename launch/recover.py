@@ -21,8 +21,8 @@ from launch import common, queued
 from launch.common import say
 from vit_jax import goodput
 
-_NODE_GONE = ("PREEMPTED", "TERMINATED", "STOPPING", "STOPPED", "DELETING", "DELETED",
-              "REPAIRING", "RESTARTING")
+_NODE_GONE = ("PREEMPTED", "TERMINATED", "STOPPING", "STOPPED", "DELETING", "DELETED")
+_NODE_DOWN = ("REPAIRING", "RESTARTING")  # There still, but not running the job.
 _HEALTHY = (None, "", "HEALTHY", "HEALTH_UNSPECIFIED")
 
 
@@ -49,6 +49,8 @@ def _node_trouble(job: Job, node: str) -> str | None:
     return f"deleted (node {node} is {state})"
   if maintenance or health == "UNHEALTHY_MAINTENANCE":
     return f"under maintenance (node {node})"
+  if state in _NODE_DOWN:
+    return f"unhealthy (node {node} is {state})"
   if health not in _HEALTHY:
     return f"unhealthy (node {node}: {health})"
   return None

@@ -462,21 +462,23 @@ def test_a_set_up_failing_twice_on_healthy_slices_stops(tmp_path):
   assert sum("queued-resources create" in c for c in calls) == 2
 
 
-@pytest.mark.parametrize("after,why", [
-    ("SUSPENDING", "preempted (queued resource SUSPENDING (by the TPU service))"),
-    ("ACTIVE", "deleted (node vit is STOPPING)"),
+@pytest.mark.parametrize("node,after,why", [
+    ("STOPPING", "SUSPENDING", "preempted (queued resource SUSPENDING (by the TPU service))"),
+    ("STOPPING", "ACTIVE", "deleted (node vit is STOPPING)"),
+    ("REPAIRING", "ACTIVE", "unhealthy (node vit is REPAIRING)"),
 ])
-def test_a_node_stopping_is_a_preemption_once_its_queued_resource_says_so(monkeypatch, after, why):
+def test_a_node_stopping_is_a_preemption_once_its_queued_resource_says_so(
+    monkeypatch, node, after, why):
   """The poll read the queued resource ACTIVE, then its node STOPPING: it asks the queued
-  resource again, which names the cause."""
+  resource again, which names the cause. A node under repair is there still: unhealthy."""
   from launch import queued, recover
   states = iter([queued.State("ACTIVE"), queued.State(after, "by the TPU service" * (
       after != "ACTIVE"))])
   monkeypatch.setattr(queued, "describe", lambda args: next(states))
   monkeypatch.setattr(queued, "node_names", lambda args: ["vit"])
-  stopping = [sys.executable, "-c", "print('{\"state\": \"STOPPING\"}')"]
-  job = recover.Job(args=None, start=lambda: None, node_command=lambda node: stopping,
-                    exit_command=lambda node: [])
+  described = [sys.executable, "-c", f"print('{{\"state\": \"{node}\"}}')"]
+  job = recover.Job(args=None, start=lambda: None, node_command=lambda name: described,
+                    exit_command=lambda name: [])
   assert recover.slice_trouble(job) == why
 
 
