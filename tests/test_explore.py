@@ -1,7 +1,9 @@
 """vit_jax/explore.py, whose numbers the notebook and vit-inspect draw: attention weights and
 their rollout, token maps, position-embedding similarity, mosaics, the patch embedding's
-filters, top-k labels, images read from files, and the mean attention distance on known
-answers (the explore notebook run top to bottom: test_e2e_explore_notebook.py)."""
+filters, top-k labels, images read from files, the mean attention distance on known answers,
+and the figures vit-inspect writes of a DINOv3 (registers, no learned position embedding). The
+explore notebook is run top to bottom, on DINOv2 and CLIP repos too, by
+test_e2e_explore_notebook.py."""
 import itertools
 import math
 
@@ -12,7 +14,7 @@ from PIL import Image
 
 from helpers import TINY_CONFIG_VIT as TINY
 from helpers import tiny_params
-from vit_jax import checkpoint, explore
+from vit_jax import checkpoint, explore, figures, models
 
 
 def test_attention_weights_sum_to_one_per_query():
@@ -40,11 +42,27 @@ def test_rollout_rows_sum_to_one_and_maps_fill_the_grid(tmp_path, classifier, to
   assert rollout.shape == (2, tokens, tokens)
   assert (rollout >= 0).all()
   np.testing.assert_allclose(rollout.sum(-1), 1.0, atol=1e-6)
-  maps = explore.token_maps(rollout, ckpt.grid, ckpt.has_class_token)
-  heads = explore.token_maps(attention[-1], ckpt.grid, ckpt.has_class_token)
+  prefix = ckpt.model.num_prefix_tokens
+  maps = explore.token_maps(rollout, ckpt.grid, prefix, ckpt.has_class_token)
+  heads = explore.token_maps(attention[-1], ckpt.grid, prefix, ckpt.has_class_token)
   assert maps.shape == (2, 4, 4) and heads.shape == (2, TINY["num_heads"], 4, 4)
   np.testing.assert_allclose(maps.sum((-2, -1)), 1.0, atol=1e-6)
   np.testing.assert_allclose(heads.sum((-2, -1)), 1.0, atol=1e-5)
+
+
+def test_token_maps_leave_the_class_token_and_registers_out():
+  """Tokens: the class token, 4 registers, 2x3 patches. The class token looks half at the
+  registers, half at patch 2; every patch mostly at a register, the rest at patch 4."""
+  prefix, grid = 5, (2, 3)
+  t = prefix + 6
+  attention = np.zeros((1, t, t))
+  attention[0, 0, 1:prefix], attention[0, 0, prefix + 2] = 0.5 / 4, 0.5
+  attention[0, prefix:, 1], attention[0, prefix:, prefix + 4] = 0.8, 0.2
+  np.testing.assert_allclose(explore.token_maps(attention, grid, prefix, True)[0],
+                             np.eye(6)[2].reshape(grid))
+  # Mean pooling beside a class token (DINOv3): the patches' rows alone.
+  np.testing.assert_allclose(explore.token_maps(attention, grid, prefix, False)[0],
+                             np.eye(6)[4].reshape(grid))
 
 
 def test_rollout_multiplies_later_layers_on_the_left():
@@ -98,6 +116,41 @@ def test_embedding_filters_pca_finds_the_main_direction():
     explore.embedding_filters_pca({"embedding": {"kernel": np.zeros((1, 1, 1024, 64))}})
 
 
+def test_position_embeddings_are_the_patches_and_a_model_without_them_says_so():
+  # EVA-02's: mean pooling beside a class token, whose embedding comes first.
+  model, params = tiny_params(classifier="gap", class_token=True)
+  stored = np.asarray(params["Transformer"]["posembed_input"]["pos_embedding"])[0]
+  assert stored.shape == (17, TINY["hidden_size"])
+  learned = explore.position_embeddings(checkpoint.Loaded.from_model(model, params, 28, ""))
+  np.testing.assert_array_equal(learned.reshape(16, -1), stored[1:])
+  model, params = tiny_params(posemb="none", rope="dinov3")  # DINOv3's.
+  rotary = checkpoint.Loaded.from_model(model, params, 28, "")
+  with pytest.raises(ValueError, match="no position embedding .posemb='none', rope='dinov3'"):
+    explore.position_embeddings(rotary)
+  assert figures.position_similarity(rotary) is None
+
+
+def test_why_no_labels():
+  assert explore.why_no_labels(models.create_model("ViT-Ti_16", num_classes=10)) is None
+  assert explore.why_no_labels(models.create_model("ViT-Ti_16", num_classes=None)) == (
+      "The checkpoint has no classification head: no labels to show.")
+  clip = models.create_model("ViT-Ti_16", num_classes=512, head_bias=False)
+  assert explore.why_no_labels(clip) == ("The head is CLIP's projection to 512-d image "
+                                         "embeddings, not a classifier: no labels to show.")
+
+
+def test_figures_of_dinov3(tmp_path):
+  """vit-inspect's figures of a model with a class token beside mean pooling, storage tokens
+  (registers) and a rotary embedding, without a learned one: all but the position embedding's."""
+  model, params = tiny_params(classifier="gap", class_token=True, num_registers=4,
+                              posemb="none", rope="dinov3", layer_scale=True)
+  ckpt = checkpoint.Loaded.from_model(model, params, 28, "")
+  images = [np.full((28, 28, 1), 50, np.uint8), 255 * np.eye(28, dtype=np.uint8)[..., None]]
+  paths, distances = figures.write(ckpt, str(tmp_path), explore.preprocess(images, 28))
+  assert set(paths) == {"filters", "distance", "rollout"}
+  assert distances.shape == (TINY["num_layers"], TINY["num_heads"]) and (distances > 0).all()
+
+
 def test_top_k_and_label_names(tmp_path):
   logits = np.log(np.array([[0.1, 0.6, 0.3], [0.5, 0.2, 0.3]]))
   top = explore.top_k(logits, ["a", "b", "c"], k=2)
@@ -131,14 +184,15 @@ def test_load_images_from_files(tmp_path):
 
 # Mean attention distance on attention patterns with known answers.
 
-def with_class_token(patch_attention: np.ndarray, to_class: float) -> np.ndarray:
-  """(..., N, N) rows over the patches -> (..., N+1, N+1): every patch row gives `to_class`
-  of its attention to the class token; the class token's own row is uniform."""
+def with_prefix(patch_attention: np.ndarray, prefix: int, to_prefix: float) -> np.ndarray:
+  """(..., N, N) rows over the patches -> (..., P+N, P+N) with P prefix tokens (class token,
+  registers): every patch row gives `to_prefix` of its attention to them; their own rows are
+  uniform."""
   *lead, n, _ = patch_attention.shape
-  out = np.zeros((*lead, n + 1, n + 1))
-  out[..., 0, :] = 1 / (n + 1)
-  out[..., 1:, 0] = to_class
-  out[..., 1:, 1:] = (1 - to_class) * patch_attention
+  out = np.zeros((*lead, prefix + n, prefix + n))
+  out[..., :prefix, :] = 1 / (prefix + n)
+  out[..., prefix:, :prefix] = to_prefix / prefix
+  out[..., prefix:, prefix:] = (1 - to_prefix) * patch_attention
   return out
 
 
@@ -149,13 +203,13 @@ def mean_pairwise_distance(h: int, w: int, patch_px: float) -> float:
   return patch_px * total / len(cells)**2
 
 
-@pytest.mark.parametrize("has_class_token", [True, False])
-def test_attending_only_to_itself_is_distance_zero(has_class_token):
+@pytest.mark.parametrize("prefix", [0, 1, 5])  # None; a class token; and 4 registers.
+def test_attending_only_to_itself_is_distance_zero(prefix):
   n = 12
   attention = np.tile(np.eye(n), (2, 3, 1, 1))  # (images, heads, N, N)
-  if has_class_token:  # Most attention on the class token does not move the answer.
-    attention = with_class_token(attention, to_class=0.9)
-  distances = explore.mean_attention_distance([attention] * 4, (3, 4), 16, has_class_token)
+  if prefix:  # Most attention on the class token and registers does not move the answer.
+    attention = with_prefix(attention, prefix, to_prefix=0.9)
+  distances = explore.mean_attention_distance([attention] * 4, (3, 4), 16, prefix)
   assert distances.shape == (4, 3)
   np.testing.assert_array_equal(distances, 0)
 
@@ -166,8 +220,8 @@ def test_uniform_attention_is_the_mean_pairwise_distance(grid):
   patches_only = np.full((1, 2, n, n), 1 / n)
   uniform_over_tokens = np.full((1, 2, n + 1, n + 1), 1 / (n + 1))
   expected = mean_pairwise_distance(*grid, patch_px=16)
-  for attention, has_class_token in ((patches_only, False), (uniform_over_tokens, True)):
-    distances = explore.mean_attention_distance([attention], grid, 16, has_class_token)
+  for attention, prefix in ((patches_only, 0), (uniform_over_tokens, 1)):
+    distances = explore.mean_attention_distance([attention], grid, 16, prefix)
     np.testing.assert_allclose(distances, expected, rtol=1e-12)
   # 2x2: from each patch, itself (0), two neighbours (1) and the diagonal (sqrt 2), x16 px.
   if grid == (2, 2):
@@ -183,10 +237,10 @@ def test_heads_layers_and_images_are_kept_apart_and_averaged():
     right[q, q + 1 if q % w < w - 1 else q] = 1
   image_0 = np.stack([right, np.eye(h * w)])
   image_1 = image_0[::-1]
-  one = explore.mean_attention_distance([image_0[None]], (h, w), px, False)
+  one = explore.mean_attention_distance([image_0[None]], (h, w), px, 0)
   np.testing.assert_allclose(one, [[px * (w - 1) / w, 0]])
   both = explore.mean_attention_distance(
-      [np.stack([image_0, image_1]), np.stack([image_0, image_0])], (h, w), px, False)
+      [np.stack([image_0, image_1]), np.stack([image_0, image_0])], (h, w), px, 0)
   np.testing.assert_allclose(both, [[px * (w - 1) / w / 2] * 2, [px * (w - 1) / w, 0]])
   with pytest.raises(ValueError, match="does not fit a 3x3 grid"):
-    explore.mean_attention_distance([image_0[None]], (3, 3), px, False)
+    explore.mean_attention_distance([image_0[None]], (3, 3), px, 0)

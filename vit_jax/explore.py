@@ -68,6 +68,17 @@ def predict(ckpt: checkpoint.Loaded, batch: np.ndarray) -> tuple[np.ndarray, lis
   return np.asarray(logits), [np.asarray(a) for a in aux["attention"]]
 
 
+def why_no_labels(model: models.VisionTransformer) -> str | None:
+  """One line saying why the model's outputs name no classes, or None where they do: it has
+  no head, or a head without bias, CLIP's projection into its image-text space."""
+  if not model.num_classes:
+    return "The checkpoint has no classification head: no labels to show."
+  if not model.head_bias:
+    return (f"The head is CLIP's projection to {model.num_classes}-d image embeddings, not a "
+            "classifier: no labels to show.")
+  return None
+
+
 def attention_rollout(attention: Sequence[np.ndarray]) -> np.ndarray:
   """Attention rollout (Abnar & Zuidema, 2020): per layer, average the heads, add the
   identity for the residual path and renormalise the rows; multiply through the layers.
@@ -84,10 +95,15 @@ def attention_rollout(attention: Sequence[np.ndarray]) -> np.ndarray:
   return rollout
 
 
-def token_maps(matrix: np.ndarray, grid: tuple[int, int], has_class_token: bool) -> np.ndarray:
+def token_maps(matrix: np.ndarray, grid: tuple[int, int], num_prefix_tokens: int,
+               from_class_token: bool) -> np.ndarray:
   """Where the representation looks: from (..., T, T) attention, the class token's row
-  (or, without one, the mean row) over the patches, renormalised, as (..., h, w) maps."""
-  rows = matrix[..., 0, 1:] if has_class_token else matrix.mean(axis=-2)
+  (`from_class_token`: the model pools by it) or else the mean of the patches' rows, over the
+  patches, renormalised, as (..., h, w) maps. The first `num_prefix_tokens` (class token,
+  registers: `model.num_prefix_tokens`) have no place in the image and are left out."""
+  n = int(num_prefix_tokens)
+  keys = matrix[..., n:]
+  rows = keys[..., 0, :] if from_class_token else keys[..., n:, :].mean(axis=-2)
   if rows.shape[-1] != grid[0] * grid[1]:
     raise ValueError(f"{rows.shape[-1]} patch tokens do not fill a {grid[0]}x{grid[1]} grid.")
   rows = rows / rows.sum(axis=-1, keepdims=True)
@@ -103,29 +119,28 @@ def patch_distances(grid: tuple[int, int], patch_px: float) -> np.ndarray:
 
 
 def mean_attention_distance(attention: Sequence[np.ndarray], grid: tuple[int, int],
-                            patch_px: float, has_class_token: bool) -> np.ndarray:
+                            patch_px: float, num_prefix_tokens: int) -> np.ndarray:
   """Mean attention distance (paper, figure 7 right and appendix D.7): per layer and head,
   the attention-weighted distance in pixels from a query patch to the patches it attends
   to, averaged over the query patches and the images. Returns (layers, heads).
 
   attention: per layer (B, heads, T, T), rows summing to 1. `patch_px` is the side of a
   token in input pixels (`model.stride`: the patch size, or what a hybrid's token covers).
-  The class token has no place in the image, so it is left out as a query and as a key,
-  and each query's attention is renormalised over the patches: its distance is that of
-  where it looks in the image. (Common re-implementations drop the class column without
-  renormalising, which shrinks a head's distance by the share of attention it gives the
-  class token. The paper does not say; neither the official code nor big_vision ships
-  the computation.)
+  The first `num_prefix_tokens` (class token, registers: `model.num_prefix_tokens`) have no
+  place in the image, so they are left out as queries and as keys, and each query's
+  attention is renormalised over the patches: its distance is that of where it looks in the
+  image. (Common re-implementations drop the class column without renormalising, which
+  shrinks a head's distance by the share of attention it gives the class token. The paper
+  does not say; neither the official code nor big_vision ships the computation.)
   """
   distances = patch_distances(grid, patch_px)
+  n = int(num_prefix_tokens)
   out = []
   for a in attention:
-    a = np.asarray(a)
-    if has_class_token:
-      a = a[..., 1:, 1:]
+    a = np.asarray(a)[..., n:, n:]
     if a.shape[-2:] != distances.shape:
       raise ValueError(f"Attention over {a.shape[-1]} patch tokens does not fit a "
-                       f"{grid[0]}x{grid[1]} grid (has_class_token={has_class_token}).")
+                       f"{grid[0]}x{grid[1]} grid (num_prefix_tokens={n}).")
     mass = np.maximum(a.sum(axis=-1, dtype=np.float64), np.finfo(np.float64).tiny)
     weighted = np.einsum("bhqk,qk->bhq", a, distances.astype(a.dtype), dtype=np.float64)
     out.append((weighted / mass).mean(axis=(0, 2)))
@@ -144,17 +159,22 @@ def model_attention_distance(ckpt: checkpoint.Loaded, batch: np.ndarray,
     part = batch[start:start + batch_size]
     attention = [np.asarray(a) for a in attend(ckpt.params, part)]
     total = total + len(part) * mean_attention_distance(
-        attention, ckpt.grid, ckpt.model.stride, ckpt.has_class_token)
+        attention, ckpt.grid, ckpt.model.stride, ckpt.model.num_prefix_tokens)
   return total / len(batch)
 
 
 def position_embeddings(ckpt: checkpoint.Loaded) -> np.ndarray:
-  """The patches' position embeddings, (h, w, D): learned, or the fixed sin-cos ones."""
+  """The patches' position embeddings, (h, w, D): learned, or the fixed sin-cos ones. Raises
+  ValueError for a model without one (posemb 'none', as DINOv3, whose rotary embedding turns
+  the queries and keys instead)."""
   h, w = ckpt.grid
+  if ckpt.model.posemb == "none":
+    raise ValueError(f"The model has no position embedding (posemb='none', "
+                     f"rope={ckpt.model.rope!r}).")
   if ckpt.model.posemb == "sincos2d":
     return models.posemb_sincos_2d(h, w, ckpt.model.hidden_size)[0].reshape(h, w, -1)
   pe = np.asarray(ckpt.params["Transformer"]["posembed_input"]["pos_embedding"])[0]
-  return pe[1:].reshape(h, w, -1) if ckpt.has_class_token else pe.reshape(h, w, -1)
+  return pe[len(pe) - h * w:].reshape(h, w, -1)  # After the class token's, if it has one.
 
 
 def posemb_similarity(posemb: np.ndarray) -> np.ndarray:

@@ -46,9 +46,12 @@ def embedding_filters(ckpt: checkpoint.Loaded, num: int = 28, cols: int = 7) -> 
   return fig
 
 
-def position_similarity(ckpt: checkpoint.Loaded) -> Figure:
+def position_similarity(ckpt: checkpoint.Loaded) -> Figure | None:
   """Cosine similarity of each patch's position embedding with every other (figure 7,
-  centre): tile (i, j) shows patch (i, j)'s similarity to all patches."""
+  centre): tile (i, j) shows patch (i, j)'s similarity to all patches. None for a model
+  without one (posemb 'none': DINOv3, whose rotary embedding turns the queries and keys)."""
+  if ckpt.model.posemb == "none":
+    return None
   similarity = explore.posemb_similarity(explore.position_embeddings(ckpt))
   side = min(8, 0.5 * ckpt.grid[0] + 2)
   fig = Figure(figsize=(side + 1, side), layout="constrained")
@@ -91,7 +94,7 @@ def attention_rollout(batch: np.ndarray, attention: Sequence[np.ndarray],
   """The images (preprocessed, as the model sees them) and, below, where the
   representation looks: attention rollout over all layers (figure 6)."""
   maps = explore.token_maps(explore.attention_rollout(attention), ckpt.grid,
-                            ckpt.has_class_token)
+                            ckpt.model.num_prefix_tokens, ckpt.has_class_token)
   shown = explore.to_unit_range(batch)
   extent = (-0.5, ckpt.image_size - 0.5, ckpt.image_size - 0.5, -0.5)  # Pixel edges.
   fig = Figure(figsize=(2.6 * len(batch), 5.4), layout="constrained")
