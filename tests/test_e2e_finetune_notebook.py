@@ -1,10 +1,11 @@
 """notebooks/finetune_fewshot.ipynb run top to bottom on a tiny ViT pre-trained here: few-shot
 sweep, a short fine-tuning run, export, the two compared (committed without outputs:
-test_notebooks.py)."""
+test_notebooks.py); the representation it probes is the one asked for."""
 import json
 import math
 
 import pytest
+from nbclient.exceptions import CellExecutionError
 
 from helpers import REPO, run_notebook, tiny_config
 from vit_jax import checkpoint
@@ -13,6 +14,17 @@ from vit_jax.train import loop
 
 NOTEBOOK = REPO / "notebooks" / "finetune_fewshot.ipynb"
 TINY = dict(patch_size=7, hidden_size=64, mlp_dim=128, num_heads=4, num_layers=2)
+
+
+def small_run(dataset, pretrained_npz: str, **params: str) -> dict[str, str]:
+  """The notebook's parameters for a few seconds' run on the tiny model, and `params`."""
+  name, data_dir = dataset
+  return dict(
+      VIT_PRETRAINED=pretrained_npz, VIT_MODEL="ViT-Ti_16", VIT_MODEL_OVERRIDES=json.dumps(TINY),
+      VIT_DATASET=name, VIT_DATA_DIR=data_dir, VIT_DOWNLOAD="0", VIT_TRAIN_SPLIT="train[:1000]",
+      VIT_TEST_SPLIT="test[:500]", VIT_IMAGE_SIZE="28", VIT_WARMUP_STEPS="2",
+      VIT_BATCH_SIZE="64",
+      VIT_CONFIG_OVERRIDES='{"data.train_crop": "resize", "data.flip": false}') | params
 
 
 @pytest.fixture(scope="module")
@@ -31,16 +43,11 @@ def pretrained_npz(dataset, tmp_path_factory):
 @pytest.mark.slow
 def test_finetune_notebook_runs_top_to_bottom(dataset, pretrained_npz, tmp_path,
                                               monkeypatch):
-  name, data_dir = dataset
   out_dir, workdir = tmp_path / "out", tmp_path / "ft"
-  nb = run_notebook(
-      NOTEBOOK, monkeypatch, VIT_PRETRAINED=pretrained_npz, VIT_MODEL="ViT-Ti_16",
-      VIT_MODEL_OVERRIDES=json.dumps(TINY), VIT_DATASET=name, VIT_DATA_DIR=data_dir,
-      VIT_DOWNLOAD="0", VIT_TRAIN_SPLIT="train[:1000]", VIT_TEST_SPLIT="test[:500]",
-      VIT_SHOTS="1,5,10", VIT_SEEDS="3", VIT_IMAGE_SIZE="28", VIT_STEPS="20",
-      VIT_WARMUP_STEPS="2", VIT_BATCH_SIZE="64",
-      VIT_CONFIG_OVERRIDES='{"data.train_crop": "resize", "data.flip": false}',
-      VIT_WORKDIR=str(workdir), VIT_OUT_DIR=str(out_dir))
+  nb = run_notebook(NOTEBOOK, monkeypatch, **small_run(
+      dataset, pretrained_npz, VIT_SHOTS="1,5,10", VIT_SEEDS="3",
+      VIT_REPRESENTATION="patch_mean",  # The mean-pooled model's pre-logits.
+      VIT_STEPS="20", VIT_WORKDIR=str(workdir), VIT_OUT_DIR=str(out_dir)))
   outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
   assert not [o for o in outputs if o.output_type == "error"]
   pictures = [o for o in outputs if "image/png" in o.get("data", {})]
@@ -49,6 +56,7 @@ def test_finetune_notebook_runs_top_to_bottom(dataset, pretrained_npz, tmp_path,
   assert len(tables) == 1 and "| fine-tuned | 28px |" in tables[0]
 
   results = json.loads((out_dir / "results.json").read_text())
+  assert results["representation"] == "patch_mean"
   pre, fine = results["fewshot"]["pretrained"], results["fewshot"]["finetuned"]
   assert [r["shots"] for r in pre] == [r["shots"] for r in fine] == [1, 5, 10]
   means = [r["mean"] for r in pre]
@@ -68,3 +76,14 @@ def test_finetune_notebook_runs_top_to_bottom(dataset, pretrained_npz, tmp_path,
   flat = checkpoint.load_npz_flat(results["finetuned"])
   assert "cls" not in flat and flat[checkpoint.POSEMB_KEY].shape == (1, 16, 64)
   assert flat["head/kernel"].shape == (64, 10)
+
+
+@pytest.mark.slow
+def test_finetune_notebook_probes_the_representation_asked_for(dataset, pretrained_npz,
+                                                               tmp_path, monkeypatch):
+  """The mean-pooled checkpoint has no class token: the probe refuses before reading data."""
+  with pytest.raises(CellExecutionError, match="representation 'class_token': the model has no "
+                                               "class token"):
+    run_notebook(NOTEBOOK, monkeypatch, **small_run(
+        dataset, pretrained_npz, VIT_REPRESENTATION="class_token", VIT_SHOTS="1", VIT_SEEDS="1",
+        VIT_STEPS="2", VIT_WORKDIR=str(tmp_path)))
