@@ -469,6 +469,7 @@ def _compile_only() -> int:
     from vit_jax.train import compile_check
   num_classes = _num_classes()
   try:
+    compile_check.take_pretrained_model(FLAGS.config)
     with cli.native_logs():  # libtpu's start-up lines, where there is no TPU.
       topology = compile_check.resolve_topology(FLAGS.topology, FLAGS.num_slices)
     found = _search(topology, num_classes)

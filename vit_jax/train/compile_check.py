@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from vit_jax import models
+from vit_jax import checkpoint, models
 from vit_jax.config_errors import ConfigError
 from vit_jax.evaluators.classification import ClassificationEvaluator
 from vit_jax.train import run_setup, trainer, tpu_specs
@@ -233,6 +233,13 @@ class Attempt:
     return [f"--config.{k}={v}" for k, v in self.overrides.items()]
 
 
+def take_pretrained_model(c: ml_collections.ConfigDict) -> None:
+  """config.pretrained's model fields set in `c` as a run takes them, from its description
+  alone: no weights are read."""
+  if c.pretrained:
+    run_setup.inherit_model_fields(c, checkpoint.describe(c.pretrained))
+
+
 def with_overrides(c: ml_collections.ConfigDict, overrides: dict[str, Any]
                    ) -> ml_collections.ConfigDict:
   c = c.copy_and_resolve_references()
@@ -429,7 +436,9 @@ def report(c: ml_collections.ConfigDict, topology: Topology, a: Attempt) -> dict
   out = dict(
       topology=topology.name, jax_topology=topology.jax_name, num_slices=topology.num_slices,
       chips=topology.chips, hosts=topology.hosts, device_kind=topology.device_kind,
-      model=cfg.model_name, dtype=cfg.dtype, batch_size=cfg.batch_size,
+      model=cfg.model_name, pretrained=cfg.pretrained,
+      model_fields={k: v for k, v in cfg.model.items() if v is not None},
+      dtype=cfg.dtype, batch_size=cfg.batch_size,
       accum_steps=cfg.accum_steps, micro_batch=a.micro_batch,
       per_chip_batch=a.micro_batch / topology.chips,
       mesh=dict(data=a.mesh[0], fsdp=a.mesh[1]), remat=bool(cfg.model.remat),
@@ -481,9 +490,10 @@ def _header(r: dict[str, Any]) -> list[str]:
   slices = f", {r['num_slices']} slices" if r["num_slices"] > 1 else ""
   over = f" (over {r['dcn_data']} slices)" if r["dcn_data"] > 1 else ""
   hosts = f"{r['hosts']} host{'s' * (r['hosts'] > 1)}"
+  model = r["model"] + (f" as {r['pretrained']} describes it" if r.get("pretrained") else "")
   return [f"{r['topology']} ({r['jax_topology']}{slices}): {r['chips']} chips "
           f"({r['device_kind']}), {hosts}",
-          f"{r['model']} in {r['dtype']}, batch {r['batch_size']} (micro-batch "
+          f"{model} in {r['dtype']}, batch {r['batch_size']} (micro-batch "
           f"{r['micro_batch']}, {r['per_chip_batch']:g} per chip), mesh data="
           f"{r['mesh']['data']}{over} x fsdp={r['mesh']['fsdp']}, "
           f"remat {'on' if r['remat'] else 'off'}",

@@ -7,6 +7,7 @@ import dataclasses
 import json
 from typing import Any, Callable, Sequence
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -94,17 +95,35 @@ def resolve_value_range(c: ml_collections.ConfigDict,
 
 
 # Model fields that change what a checkpoint's weights compute without changing their shapes:
-# a fine-tuning run takes them from config.pretrained's description unless the config sets them.
+# a fine-tuning run takes them from config.pretrained's description unless the config sets them,
+# and a field it sets must agree.
 _INHERITED_MODEL_FIELDS = models.registry.fields_of(models.Role.COMPUTATION)
+# The model's shapes and which arrays it has (LayerScale, registers, pre-norm, ...): taken from a
+# description that records them (not one assumed from a bare file's arrays) where the config
+# leaves them open, so that no flag repeats what the file tells. A field the config sets wins:
+# a run may fine-tune another pooling or patch size, as far as the arrays load.
+_SHAPE_FIELDS = models.registry.fields_of(models.Role.ARCHITECTURE, models.Role.LAYOUT)
 
 
 def inherit_model_fields(c: ml_collections.ConfigDict, parent: checkpoint.Description) -> None:
+  """Sets config.model's open fields from config.pretrained's description (`parent`)."""
   for field in _INHERITED_MODEL_FIELDS:
     recorded = parent.model.get(field)
     checkpoint.check_option(f"the model's {field}", f"config.model.{field}",
                                  c.model[field], recorded, c.pretrained)
     if c.model[field] is None and recorded is not None:
       c.model[field] = recorded
+  if "model" in parent.assumed:
+    return
+  named = models.model_config(c.model_name)
+  taken = {f: parent.model[f] for f in _SHAPE_FIELDS
+           if c.model[f] is None and f in parent.model
+           and parent.model[f] != named.get(f, models.registry.default(f))}
+  for field, value in taken.items():
+    c.model[field] = tuple(value) if isinstance(value, list) else value
+  if taken:
+    logging.info("model: %s with %s, as %s describes it", c.model_name,
+                 ", ".join(f"{k}={v}" for k, v in taken.items()), c.pretrained)
 
 
 def _abstract_params(model: models.VisionTransformer, image_size: int) -> Any:
