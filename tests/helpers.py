@@ -267,6 +267,7 @@ def assert_finetuning_loads_the_file(command: str, monkeypatch, num_classes: int
   from vit_jax import checkpoint
   from vit_jax.train import run_setup
   c = parse_finetune_command(command, monkeypatch)
+  run_setup.inherit_model_fields(c, checkpoint.describe(c.pretrained))
   model = run_setup.build_model(c, num_classes)
   size = c.data.image_size
   abstract = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, size, size, 3)))

@@ -13,7 +13,8 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import REPO, TINY_CONFIG_VIT, needs_libtpu, tiny_config, write_repo
+from helpers import (REPO, TINY_CONFIG_VIT, assert_finetuning_loads_the_file, needs_libtpu,
+                     run_inspect, tiny_config, write_repo)
 from vit_jax import checkpoint, models
 from vit_jax.models import lora, timm_models  # noqa: F401  (conftest: torch before TensorFlow)
 from vit_jax.tools import transfer
@@ -113,3 +114,13 @@ def test_vit_transfer_runs_the_protocol_from_a_hub_repo(tmp_path, hub_cache, dig
   assert (row["checkpoint"], row["phase"], row["status"]) == (spec, "test", "ok")
   run = checkpoint.describe(row["workdir"])
   assert (run.parent, run.model["rope"], run.model["num_registers"]) == (spec, "dinov3", 4)
+
+
+def test_vit_inspects_fine_tuning_command_needs_no_model_flag(tmp_path, hub_cache, capsys,
+                                                                 monkeypatch):
+  spec = write_family_repo(tmp_path, hub_cache, "dinov2_reg4")
+  rc, out, _ = run_inspect(capsys, spec)
+  command = out.split("fine-tune      ")[1].splitlines()[0]
+  assert rc == 0 and "--config.model." not in command
+  c = assert_finetuning_loads_the_file(command, monkeypatch)
+  assert (c.model.patch_size, c.model.num_registers, c.model.layer_scale) == (14, 4, True)

@@ -75,14 +75,17 @@ def _flag_value(value: Any) -> str:
 
 
 def finetune_command(ckpt: checkpoint.Loaded, path: str, dataset: str = "cifar10") -> str:
-  """`vit-train` with the finetune config on `dataset`, starting from `path`:
-  the registry model nearest the file, and overrides for every field that differs."""
+  """`vit-train` with the finetune config on `dataset`, starting from `path`: the registry
+  model nearest the file, and overrides for every field that differs where the file does not
+  describe its model (a file that does gives it to the run)."""
   model = ckpt.model
   base = (_registry_name(model) or model.name_in_registry or
           ("R50+ViT-B_16" if model.resnet_layers is not None else "ViT-B_16"))
   base_fields = models.model_config(base)
   overrides = {f: getattr(model, f) for f in finetune_fields()
                if getattr(model, f) != base_fields.get(f, registry.default(f))}
+  if "model" not in ckpt.description.assumed:  # The run takes the model the file describes.
+    overrides = {}
   size = finetune.IMAGE_SIZE
   if size % model.stride:  # Images must split into whole tokens.
     size = max(1, round(size / model.stride)) * model.stride
