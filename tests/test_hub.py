@@ -28,6 +28,33 @@ def images(size: int) -> np.ndarray:
 
 @pytest.mark.parametrize("kind", list(TIMM))
 def test_timm_layouts_match_timm(kind, tmp_path, hub_cache):
+  assert_timm_repo_reads_as_timm(kind, tmp_path, hub_cache)
+
+
+@pytest.mark.parametrize("fc_norm", [True, False])
+def test_timm_patch_mean_beside_a_class_token_matches_timm(fc_norm, tmp_path, hub_cache,
+                                                          monkeypatch):
+  """timm's global_pool="avg" beside its class token (MAE's pooling; EVA-02's ImageNet heads'
+  with fc_norm): classifier="gap" with class_token=True, the final norm before the mean or
+  after it."""
+  kind = f"avg_beside_cls_fc_norm_{fc_norm}"
+  monkeypatch.setitem(TIMM, kind, ("vit_tiny_patch16_224", "augreg2_in21k_ft_in1k",
+                                   dict(global_pool="avg", fc_norm=fc_norm), "exact"))
+  d = assert_timm_repo_reads_as_timm(kind, tmp_path, hub_cache).description
+  assert (d.model["classifier"], d.model["class_token"]) == ("gap", True)
+  assert d.model.get("fc_norm", False) == fc_norm
+
+
+def test_map_head_beside_a_class_token_is_refused(capsys, tmp_path, hub_cache, monkeypatch):
+  monkeypatch.setitem(TIMM, "map_beside_cls", ("vit_tiny_patch16_224", "augreg_in21k",
+                                               dict(global_pool="map"), "tanh"))
+  _, folder, _ = timm_repo(tmp_path, "map_beside_cls")
+  assert_one_line_error(capsys, [str(folder)], "MAP head beside a class token")
+
+
+def assert_timm_repo_reads_as_timm(kind: str, tmp_path, hub_cache) -> checkpoint.Loaded:
+  """helpers.TIMM's `kind` saved by timm into the Hub cache gives timm's logits at its native
+  size, and the description its config.json's; the loaded checkpoint."""
   model, folder, config = timm_repo(tmp_path, kind)
   write_repo(hub_cache, f"timm/{kind}", {f: folder / f for f in os.listdir(folder)})
   loaded = checkpoint.load(f"hf-hub:timm/{kind}")
@@ -45,6 +72,7 @@ def test_timm_layouts_match_timm(kind, tmp_path, hub_cache):
   # A local folder of the same files reads the same.
   again = checkpoint.load(str(folder))
   np.testing.assert_array_equal(jax.jit(again.model.apply)({"params": again.params}, x), ours)
+  return loaded
 
 
 def transformers_repo(tmp_path, head: bool, act: str):

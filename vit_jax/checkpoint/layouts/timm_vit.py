@@ -8,9 +8,10 @@ ResNet-v2 stems of `vit_*_r50_*`, `vit_*_r26_*` and `vit_tiny_r_s16_p8`, and the
 on it: DINOv2 (`*_dinov2*`: LayerScale, registers, the giant's `SwiGLUPacked` MLP, whose fc1
 holds the gate and then the value as our `swiglu` Dense_0) and CLIP's image towers
 (`*_clip_*`: `norm_pre`, no patch bias, LayerNorm epsilon 1e-5, the projection as a head whose
-bias timm's converter wrote as zeros, QuickGELU where timm says so). What the model here cannot
-express (q/k norms, BEiT's q/v biases, avg pooling beside a class token) is refused by name, as
-is any array this reader does not use: nothing is dropped without a word.
+bias timm's converter wrote as zeros, QuickGELU where timm says so), and `avg` pooling beside a
+class token (MAE's). What the model here cannot express (q/k norms, BEiT's q/v biases, a MAP head
+beside a class token) is refused by name, as is any array this reader does not use: nothing is
+dropped without a word.
 """
 import math
 import re
@@ -152,15 +153,25 @@ def _check_architecture(config: Mapping[str, Any], source: str) -> None:
                           "timm_eva layout does not read (it reads DINOv3 and EVA-02).")
 
 
-def _check_pooling(config: Mapping[str, Any], src: arrays_source.Source) -> None:
-  pool = config.get("global_pool", "token" if src.has("cls_token") else "avg")
+def _pooling(config: Mapping[str, Any], has_cls: bool, has_registers: bool,
+             source: str) -> dict[str, Any]:
+  """The classifier fields timm's global_pool (config.json's, else model_args') gives beyond
+  what the arrays tell: the patches' mean beside a class token (MAE's, EVA-02's ImageNet heads')
+  is classifier="gap" with class_token=True, which the class token alone would read as "token".
+  A MAP head beside a class token, or a pool over the prefix tokens too (timm's
+  pool_include_prefix, which only model_args tell), is refused."""
+  args = config.get("model_args") or {}
+  pool = config.get("global_pool", args.get("global_pool", "token" if has_cls else "avg"))
   if pool not in ("token", "avg", "map", ""):
-    raise CheckpointError(f"{src.name}: global_pool={pool!r} is not a pooling vit_jax's ViT has "
+    raise CheckpointError(f"{source}: global_pool={pool!r} is not a pooling vit_jax's ViT has "
                           "(token, avg, map).")
-  if pool == "avg" and src.has("cls_token"):
-    raise CheckpointError(f"{src.name} pools the patches' mean beside a class token (MAE's "
-                          "layout), which vit_jax's ViT does not build: its classifier is "
-                          "either the class token or the mean without one.")
+  if pool == "map" and has_cls:
+    raise CheckpointError(f"{source} pools with a MAP head beside a class token, which vit_jax's "
+                          "ViT does not build: its MAP head is SigLIP's, without one.")
+  if args.get("pool_include_prefix") and pool in ("avg", "map") and (has_cls or has_registers):
+    raise CheckpointError(f"{source} pools over its prefix tokens too (pool_include_prefix), "
+                          "which vit_jax's ViT does not: it pools the patches alone.")
+  return dict(classifier="gap", class_token=True) if pool == "avg" and has_cls else {}
 
 
 def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
@@ -170,7 +181,7 @@ def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
   _check_architecture(config, source)
   arrays_source.refuse_unsupported(arrays, _UNSUPPORTED, source)
   src = arrays_source.Source(arrays, source)
-  _check_pooling(config, src)
+  _pooling(config, src.has("cls_token"), src.has("reg_token"), source)
   out = _backbone(src) if any(k.startswith("patch_embed.backbone.") for k in arrays) else {}
   out["embedding/kernel"] = src.conv("patch_embed.proj.weight")
   if src.has("norm_pre.weight"):  # CLIP: a pre-norm, and a patch embedding without bias.
@@ -226,8 +237,9 @@ def describe(flat: Mapping[str, np.ndarray], fields: dict[str, Any], config: Map
   (timm repos have no preprocessor_config; the origin changes nothing), with timm's LayerNorm
   epsilon (1e-5 in its CLIP towers, the pre-norm models; else 1e-6) and its resampling of the
   position embedding to another size (antialiased bicubic)."""
-  del processor, origin
+  del processor
   fields = fields | {"posemb_interpolation": "bicubic"}
+  fields |= _pooling(config, "cls" in flat, "reg" in flat, origin)
   if fields.get("pre_norm"):
     fields["layer_norm_eps"] = _CLIP_LAYER_NORM_EPS
   return repo_config.timm_description(flat, fields, config, gelu(config))
