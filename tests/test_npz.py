@@ -10,6 +10,7 @@ import scipy.ndimage
 
 from helpers import big_vision_layout, new_flax_layout, random_params
 from vit_jax import checkpoint, models
+from vit_jax.checkpoint.layouts import timm_vit
 from vit_jax.models import timm_models
 
 
@@ -175,7 +176,7 @@ def test_refuses_non_npz_and_pickles(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["ViT-Ti_16", "R26+ViT-S_32"])
+@pytest.mark.parametrize("name", ["ViT-Ti_16", "R+ViT-Ti_16", "R26+ViT-S_32"])
 def test_logits_match_timm_both_directions(tmp_path, name):
   """Named models at their full size, random weights: our .npz -> timm's loader, and timm ->
   ours (every named model's count is checked against timm's in test_models.py)."""
@@ -199,7 +200,7 @@ def test_logits_match_timm_both_directions(tmp_path, name):
   with torch.no_grad():
     for p in reference.parameters():
       p.add_(0.02 * torch.randn_like(p))
-  flat = timm_models.to_npz(reference)
+  flat = timm_vit.to_npz(reference)
   path = write_npz(tmp_path / "timm.npz", flat)
   loaded = checkpoint.load_npz(path, target=params)
   np.testing.assert_allclose(np.asarray(apply({"params": loaded}, images)),

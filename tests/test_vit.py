@@ -18,6 +18,7 @@ import pytest
 
 from helpers import TINY_VIT, noisy
 from vit_jax import checkpoint, models
+from vit_jax.checkpoint.layouts import timm_vit
 from vit_jax.models import features, timm_models, vit
 
 TINY = dict(patch_size=8, hidden_size=32, mlp_dim=64, num_heads=4, num_layers=1)
@@ -73,7 +74,7 @@ def timm_with_registers(**kwargs):
   with torch.no_grad():
     for p in reference.parameters():
       p.add_(0.05 * torch.randn_like(p))
-  return reference, timm_models.to_npz(reference)
+  return reference, timm_vit.to_npz(reference)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -166,7 +167,7 @@ def test_bicubic_is_timms_dynamic_img_size():
   with torch.no_grad():
     for p in reference.parameters():
       p.add_(0.05 * torch.randn_like(p))
-  params = checkpoint.unflatten(timm_models.to_npz(reference))
+  params = checkpoint.unflatten(timm_vit.to_npz(reference))
   model = models.create_model("ViT-Ti_16", num_classes=10, dynamic_image_size=True,
                               posemb_interpolation="bicubic")
   for h, w in ((96, 128), (32, 48)):

@@ -5,13 +5,15 @@ same random weights (not init values):
   with its hidden LayerNorm), the attention's inner LayerNorm and each rotary embedding is
   timm's `EvaBlock` (DINOv3, EVA-02) or `Block` (DINOv2), prefix tokens left unrotated.
 - Whole models: CLIP's (pre-norm, QuickGELU, LayerNorm epsilon 1e-5, no patch bias) and
-  DINOv2's (LayerScale) through timm_models.to_npz give timm's logits; timm's DINOv3 and EVA-02
+  DINOv2's (LayerScale), SigLIP's MAP head and DINOv2-g's SwiGLUPacked through timm_vit.to_npz
+  give timm's logits; timm's DINOv3 and EVA-02
   (`Eva`, read by the Hub's layout, layouts/timm_eva.py) theirs and their blocks' features, at
   two sizes; transformers' Dinov2Model with SwiGLU its pooled output and tokens, at two sizes.
 - The parameter tree and count of a small model with every field on, its attention paths,
   bf16, remat and LoRA; bad field values named.
 """
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +22,7 @@ import pytest
 
 from helpers import random_like, randomised_torch
 from vit_jax import checkpoint, models
-from vit_jax.checkpoint.layouts import timm_eva
+from vit_jax.checkpoint.layouts import timm_eva, timm_vit
 from vit_jax.models import features, rope as rope_lib, timm_models, vit
 
 WIDTH, HEADS, HIDDEN, PREFIX, GRID = 32, 2, 80, 5, (4, 6)
@@ -39,19 +41,20 @@ def heads(w: np.ndarray, b) -> dict:
 
 
 def block_params(block) -> dict:
-  """A timm block's weights as our block's, through the package's own mappings: an EvaBlock's
-  as layouts/timm_eva.py reads it (block 0 of a model of its family, placeholders around it),
-  a VisionTransformer Block's as timm_models.to_npz converts it."""
-  if type(block).__name__ != "EvaBlock":
-    return checkpoint.unflatten(timm_models._block(block, WIDTH, HEADS))
+  """A timm block's weights as our block's, as the Hub's layouts read block 0 of a model of its
+  family (placeholders around it): an EvaBlock's as layouts/timm_eva.py, a VisionTransformer
+  Block's as layouts/timm_vit.py (which timm_vit.to_npz uses)."""
   zeros = np.zeros((1, 1, WIDTH), np.float32)
   arrays = {f"blocks.0.{k}": t(v) for k, v in block.state_dict().items()} | {
       "patch_embed.proj.weight": np.zeros((WIDTH, 3, 1, 1), np.float32),
-      "patch_embed.proj.bias": zeros[0, 0], "cls_token": zeros, "norm.weight": zeros[0, 0],
-      "norm.bias": zeros[0, 0]}
+      "patch_embed.proj.bias": zeros[0, 0], "norm.weight": zeros[0, 0], "norm.bias": zeros[0, 0]}
+  if type(block).__name__ != "EvaBlock":  # No class token, one patch's learned embedding.
+    flat = timm_vit.to_released(arrays | {"pos_embed": zeros},
+                                {"model_args": {"num_heads": HEADS}}, "a timm Block")
+    return checkpoint.unflatten(flat)["Transformer"]["encoderblock_0"]
   # DINOv3's blocks rotate the halves of each head, EVA-02's adjacent pairs.
   family = "vit_small_patch16_dinov3" if block.attn.rotate_half else "eva02_base_patch14_224"
-  return eva_tree(arrays, family)["Transformer"]["encoderblock_0"]
+  return eva_tree(arrays | {"cls_token": zeros}, family)["Transformer"]["encoderblock_0"]
 
 
 def eva_tree(arrays: dict, architecture: str) -> dict:
@@ -138,7 +141,7 @@ TIMM_TINY = dict(img_size=32, patch_size=8, embed_dim=WIDTH, depth=2, num_heads=
                  mlp_ratio=HIDDEN / WIDTH, num_classes=8)
 
 
-def timm_vit(**kw):
+def tiny_timm_vit(**kw):
   torch, timm = timm_models.import_torch()
   from timm.models.vision_transformer import VisionTransformer
   return randomised_torch(VisionTransformer(**TIMM_TINY, **kw))
@@ -149,10 +152,10 @@ def test_clip_form_is_timms():
   bias, QuickGELU, torch's LayerNorm epsilon; the projection as a head without bias."""
   torch, _ = timm_models.import_torch()
   from timm.layers import QuickGELU
-  reference = timm_vit(pre_norm=True, norm_layer=torch.nn.LayerNorm, act_layer=QuickGELU)
+  reference = tiny_timm_vit(pre_norm=True, norm_layer=torch.nn.LayerNorm, act_layer=QuickGELU)
   with torch.no_grad():
     reference.head.bias.zero_()
-  arrays = timm_models.to_npz(reference)
+  arrays = timm_vit.to_npz(reference)
   assert "embedding/bias" not in arrays and "Transformer/pre_norm/scale" in arrays
   del arrays["head/bias"]
   model = vit.VisionTransformer(num_classes=8, pre_norm=True, gelu="quick", layer_norm_eps=1e-5,
@@ -165,9 +168,9 @@ def test_clip_form_is_timms():
 def test_dinov2_form_is_timms():
   """DINOv2's (`vit_*_patch14_dinov2`): LayerScale on both branches, exact GELU."""
   torch, _ = timm_models.import_torch()
-  reference = timm_vit(init_values=1e-5)
+  reference = tiny_timm_vit(init_values=1e-5)
   model = vit.VisionTransformer(num_classes=8, layer_scale=True, gelu="exact", **TINY)
-  params = checkpoint.unflatten(timm_models.to_npz(reference))
+  params = checkpoint.unflatten(timm_vit.to_npz(reference))
   assert set(params["Transformer"]["encoderblock_1"]) >= {"LayerScale_0", "LayerScale_1"}
   ours = model.apply({"params": params}, images(32, 32))
   np.testing.assert_allclose(np.asarray(ours), timm_models.logits(reference, images(32, 32)),
@@ -177,8 +180,8 @@ def test_dinov2_form_is_timms():
 def test_patch_mean_beside_a_class_token_with_fc_norm_is_timms():
   """timm's global_pool="avg" with its class token and fc_norm (EVA-02's ImageNet heads'
   pooling): to_npz moves fc_norm across, the class token stays out of the mean."""
-  reference = timm_vit(global_pool="avg", fc_norm=True)
-  params = checkpoint.unflatten(timm_models.to_npz(reference))
+  reference = tiny_timm_vit(global_pool="avg", fc_norm=True)
+  params = checkpoint.unflatten(timm_vit.to_npz(reference))
   assert "fc_norm" in params and "encoder_norm" not in params["Transformer"]
   model = vit.VisionTransformer(num_classes=8, classifier="gap", class_token=True,
                                 fc_norm=True, gelu="exact", **TINY)
@@ -187,15 +190,62 @@ def test_patch_mean_beside_a_class_token_with_fc_norm_is_timms():
                              atol=1e-4, rtol=1e-4)
 
 
-def test_to_npz_refuses_what_it_cannot_convert():
-  reference = timm_vit(global_pool="map")
-  with pytest.raises(ValueError, match="VisionTransformer has attn_pool \\(MAP head\\), which "
-                     "to_npz does not convert"):
-    timm_models.to_npz(reference)
-  torch, timm = timm_models.import_torch()
+# What to_npz reads now that it is the Hub layout's reader (it refused both before):
+# (timm VisionTransformer arguments, given timm.layers; our model's fields).
+CONVERTED = {
+    "SigLIP's MAP head": (lambda layers: dict(global_pool="map", class_token=False),
+                          dict(classifier="map")),
+    "DINOv2-g's SwiGLUPacked MLP": (
+        lambda layers: dict(mlp_layer=layers.SwiGLUPacked, act_layer="silu"),
+        dict(mlp="swiglu", mlp_dim=HIDDEN // 2)),
+}
+
+
+@pytest.mark.parametrize("form", CONVERTED)
+def test_to_npz_converts_what_the_layout_reads(form):
+  _, timm = timm_models.import_torch()
+  timm_kwargs, fields = CONVERTED[form]
+  reference = tiny_timm_vit(**timm_kwargs(timm.layers))
+  model = vit.VisionTransformer(num_classes=8, gelu="exact", **TINY | fields)
+  ours = model.apply({"params": checkpoint.unflatten(timm_vit.to_npz(reference))}, images(32, 32))
+  np.testing.assert_allclose(np.asarray(ours), timm_models.logits(reference, images(32, 32)),
+                             atol=1e-4, rtol=1e-4)
+
+
+# What to_npz refuses, one line each: (timm VisionTransformer arguments, given timm.layers;
+# what the refusal says).
+REFUSED = {
+    "a MAP head beside a class token": (lambda layers: dict(global_pool="map"),
+                                        "MAP head beside a class token"),
+    "a MAP head over the registers too": (
+        lambda layers: dict(global_pool="map", class_token=False, reg_tokens=1,
+                            pool_include_prefix=True), "pool_include_prefix"),
+    "q/k norms": (lambda layers: dict(qk_norm=True), "query/key normalisation"),
+    "the attention's inner norm": (lambda layers: dict(scale_attn_norm=True),
+                                   "does not understand: blocks.0.attn.norm.bias"),
+    "a GELU GluMlp, gate last": (lambda layers: dict(mlp_layer=layers.GluMlp),
+                                 "GluMlp gated by GELU, gate last"),
+    "a SwiGLU of separate fc1_g, fc1_x": (lambda layers: dict(mlp_layer=layers.SwiGLU),
+                                          "neither timm's Mlp nor its SwiGLUPacked"),
+}
+
+
+@pytest.mark.parametrize("form", REFUSED)
+def test_to_npz_refuses_in_one_line_what_it_cannot_convert(form):
+  _, timm = timm_models.import_torch()
+  timm_kwargs, says = REFUSED[form]
+  with pytest.raises(checkpoint.CheckpointError, match=re.escape(says)) as refused:
+    timm_vit.to_npz(tiny_timm_vit(**timm_kwargs(timm.layers)))
+  assert "\n" not in str(refused.value)
+
+
+def test_to_npz_refuses_an_eva_naming_the_layout_that_reads_it():
+  _, timm = timm_models.import_torch()
   eva = timm.create_model("vit_small_patch16_dinov3", pretrained=False, **TIMM_TINY)
-  with pytest.raises(ValueError, match="not its Eva: save it .* layouts/timm_eva.py"):
-    timm_models.to_npz(eva)
+  with pytest.raises(checkpoint.CheckpointError,
+                     match="not its Eva: save it .* layouts/timm_eva.py") as refused:
+    timm_vit.to_npz(eva)
+  assert "\n" not in str(refused.value)
 
 
 # Our model's fields and timm's Eva arguments (eva.py's for the family's architecture, tiny).

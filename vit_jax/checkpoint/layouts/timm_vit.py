@@ -12,6 +12,9 @@ bias timm's converter wrote as zeros, QuickGELU where timm says so), and `avg` p
 class token (MAE's). What the model here cannot express (q/k norms, BEiT's q/v biases, a MAP head
 beside a class token) is refused by name, as is any array this reader does not use: nothing is
 dropped without a word.
+
+`to_npz` reads a live timm model the same way: the tests' and benchmarks' weights of timm's
+reference models (models/timm_models.py) in the released layout.
 """
 import math
 import re
@@ -189,7 +192,11 @@ def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
   else:
     out["embedding/bias"] = src.take("patch_embed.proj.bias")
   out |= _tokens(src)
-  fc1 = arrays["blocks.0.mlp.fc1.weight"]
+  fc1 = arrays.get("blocks.0.mlp.fc1.weight")
+  if fc1 is None:  # timm's SwiGLU of separate fc1_g, fc1_x (AIMv2's), or another MLP.
+    mlp = ", ".join(sorted(k for k in arrays if k.startswith("blocks.0.mlp.")))
+    raise CheckpointError(f"{source}: block 0's MLP ({mlp}) is neither timm's Mlp nor its "
+                          "SwiGLUPacked, the two whose arrays vit_jax's ViT has.")
   layers = len({k.split(".")[1] for k in arrays if k.startswith("blocks.")})
   heads = repo_config.timm_num_heads(config, fc1.shape[1], fc1.shape[0], layers,
                                      out["embedding/kernel"].shape[0])
@@ -205,6 +212,39 @@ def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
     out |= _head(src, clip="Transformer/pre_norm/scale" in out)
   src.check_all_used()
   return out
+
+
+def to_npz(model: Any) -> dict[str, np.ndarray]:
+  """A timm VisionTransformer (a live torch module) as released .npz arrays: its state dict
+  read as `to_released` reads a Hub repo's, with the pooling and heads the model tells (the
+  inverse of timm's `_load_weights`; models/timm_models.py's `load_into` goes back). Only
+  `state_dict()` and a few attributes are used: no torch import. A CLIP tower's all-zero head
+  bias is kept, as timm holds it. Raises CheckpointError, one line, for what has no arrays of
+  vit_jax's ViT."""
+  source = f"timm's {type(model).__name__}"
+  _check_module(model, source)
+  arrays = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+  args = {"num_heads": model.blocks[0].attn.num_heads,
+          "pool_include_prefix": getattr(model, "pool_include_prefix", False)}
+  out = to_released(arrays, {"global_pool": model.global_pool, "model_args": args}, source)
+  if "head.bias" in arrays:
+    out["head/bias"] = arrays["head.bias"]
+  return out
+
+
+def _check_module(model: Any, source: str) -> None:
+  """What a live model shows and its arrays do not: its class (eva.py's Eva holds arrays of
+  another layout) and a gated MLP other than SwiGLUPacked (SiLU, gate first)."""
+  if type(model).__name__ != "VisionTransformer":
+    raise CheckpointError(f"to_npz converts timm's VisionTransformer, not its "
+                          f"{type(model).__name__}: save it (timm's save_for_hf) and load the "
+                          "folder, which vit_jax.checkpoint reads with its layouts (eva.py's: "
+                          "layouts/timm_eva.py).")
+  mlp = model.blocks[0].mlp
+  if type(mlp).__name__ == "GluMlp" and (mlp.gate_last or type(mlp.act).__name__ != "SiLU"):
+    raise CheckpointError(f"{source} has a GluMlp gated by {type(mlp.act).__name__}, gate "
+                          f"{'last' if mlp.gate_last else 'first'}: vit_jax's swiglu is "
+                          "SwiGLUPacked's (SiLU, gate first).")
 
 
 def _head(src: arrays_source.Source, clip: bool) -> dict[str, np.ndarray]:
