@@ -124,3 +124,13 @@ def test_vit_inspects_fine_tuning_command_needs_no_model_flag(tmp_path, hub_cach
   assert rc == 0 and "--config.model." not in command
   c = assert_finetuning_loads_the_file(command, monkeypatch)
   assert (c.model.patch_size, c.model.num_registers, c.model.layer_scale) == (14, 4, True)
+
+
+def test_vit_predict_refuses_a_clip_tower_in_one_line(tmp_path, hub_cache, capsys):
+  from PIL import Image
+  from vit_jax.tools import predict
+  spec = write_family_repo(tmp_path, hub_cache, "clip_quickgelu")
+  Image.new("RGB", (40, 40), (120, 30, 200)).save(tmp_path / "a.png")
+  rc = predict.main([spec, str(tmp_path / "a.png")])
+  err = capsys.readouterr().err.strip()
+  assert rc == 2 and len(err.splitlines()) == 1 and "CLIP's projection to 5-d" in err, err

@@ -164,6 +164,11 @@ def main(argv: list[str]) -> int:
   load_kwargs = {k: v for k, v in (("model_name", args.model_name),
                                    ("image_size", args.image_size), ("base", args.base)) if v}
   runner = runners.open_model(args.checkpoint, **load_kwargs)
+  if runner.description and runner.description.model.get("head_bias") is False:
+    return cli.input_error(
+        f"{args.checkpoint}'s head has no bias: it is CLIP's projection to "
+        f"{runner.num_classes}-d image embeddings, not a classifier, so there are no classes "
+        "to rank; its embeddings: checkpoint.load(...) in Python, or vit-fewshot for probes.")
   names, sigmoid = _names_and_output(runner, args)
   k = min(args.top_k, runner.num_classes)
   unreadable = predict(runner, paths, names, k, sigmoid, args.batch_size, args.out)
