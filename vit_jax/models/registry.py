@@ -55,6 +55,10 @@ FIELDS = fields_except(Role.INTERNAL)
 # The fields a model name fixes; the others (pooling, pre-logits, position embedding, head,
 # regularisation, numerics) vary between checkpoints of one architecture.
 ARCHITECTURE = fields_of(Role.ARCHITECTURE)
+# What a model must share with a checkpoint for its arrays to load: the architecture and which
+# arrays there are beyond it (LayerScale, registers, pre-norm, ...). A fine-tuning run takes them
+# from a checkpoint that describes them; for one that does not, vit-inspect prints them as flags.
+SHAPE = fields_of(Role.ARCHITECTURE, Role.LAYOUT)
 # What a checkpoint's description records of its model: the architecture and the fields that
 # decide what its parameters mean (pooling, pre-logits, position embedding).
 DESCRIBED = fields_of(Role.ARCHITECTURE, Role.LAYOUT, Role.COMPUTATION, Role.PRE_LOGITS)

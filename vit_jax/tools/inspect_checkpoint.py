@@ -42,12 +42,6 @@ with epy.lazy_imports():  # JAX and Flax, once the arguments are checked.
   from vit_jax.models import registry
 
 
-def finetune_fields() -> tuple[str, ...]:
-  """What the fine-tuning model must share with the file for its arrays to load; the
-  fine-tuning config's model starts from a registry name and overrides the rest (the run
-  takes what the same arrays compute, Role.COMPUTATION, from the file's description)."""
-  return registry.fields_of(models.Role.ARCHITECTURE, models.Role.LAYOUT)
-
 POOLING = {"token": "the class token", "gap": "mean of the patch tokens",
            "map": "attention pooling (MAP head)"}
 ZERO_HEAD = (
@@ -81,11 +75,11 @@ def finetune_command(ckpt: checkpoint.Loaded, path: str, dataset: str = "cifar10
   model = ckpt.model
   base = (_registry_name(model) or model.name_in_registry or
           ("R50+ViT-B_16" if model.resnet_layers is not None else "ViT-B_16"))
-  base_fields = models.model_config(base)
-  overrides = {f: getattr(model, f) for f in finetune_fields()
-               if getattr(model, f) != base_fields.get(f, registry.default(f))}
-  if "model" not in ckpt.description.assumed:  # The run takes the model the file describes.
-    overrides = {}
+  overrides = {}
+  if "model" in ckpt.description.assumed:  # Else the run takes the model the file describes.
+    base_fields = models.model_config(base)
+    overrides = {f: getattr(model, f) for f in registry.SHAPE
+                 if getattr(model, f) != base_fields.get(f, registry.default(f))}
   size = finetune.IMAGE_SIZE
   if size % model.stride:  # Images must split into whole tokens.
     size = max(1, round(size / model.stride)) * model.stride

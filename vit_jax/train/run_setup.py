@@ -98,11 +98,6 @@ def resolve_value_range(c: ml_collections.ConfigDict,
 # a fine-tuning run takes them from config.pretrained's description unless the config sets them,
 # and a field it sets must agree.
 _INHERITED_MODEL_FIELDS = models.registry.fields_of(models.Role.COMPUTATION)
-# The model's shapes and which arrays it has (LayerScale, registers, pre-norm, ...): taken from a
-# description that records them (not one assumed from a bare file's arrays) where the config
-# leaves them open, so that no flag repeats what the file tells. A field the config sets wins:
-# a run may fine-tune another pooling or patch size, as far as the arrays load.
-_SHAPE_FIELDS = models.registry.fields_of(models.Role.ARCHITECTURE, models.Role.LAYOUT)
 
 
 def inherit_model_fields(c: ml_collections.ConfigDict, parent: checkpoint.Description) -> None:
@@ -113,10 +108,14 @@ def inherit_model_fields(c: ml_collections.ConfigDict, parent: checkpoint.Descri
                                  c.model[field], recorded, c.pretrained)
     if c.model[field] is None and recorded is not None:
       c.model[field] = recorded
+  # The model's shapes and which arrays it has (registry.SHAPE): taken from a description that
+  # records them (not one assumed from a bare file's arrays) where the config leaves them open,
+  # so that no flag repeats what the file tells. A field the config sets wins: a run may
+  # fine-tune another pooling or patch size, as far as the arrays load.
   if "model" in parent.assumed:
     return
   named = models.model_config(c.model_name)
-  taken = {f: parent.model[f] for f in _SHAPE_FIELDS
+  taken = {f: parent.model[f] for f in models.registry.SHAPE
            if c.model[f] is None and f in parent.model
            and parent.model[f] != named.get(f, models.registry.default(f))}
   for field, value in taken.items():
