@@ -9,6 +9,7 @@ import time
 from typing import Callable, Sequence
 
 from vit_jax import configs
+from vit_jax.checkpoint import workdir_lock
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LOCAL_HOSTS = ("localhost", "127.0.0.1")  # Run here, without ssh.
@@ -37,6 +38,17 @@ def check_config(spec: str) -> tuple[pathlib.Path | None, str]:
   except ValueError as e:
     raise LaunchError(f"--config {spec}: {e}") from None
   return None if configs.is_name(spec) else path, "" if arg is None else f":{arg}"
+
+
+def lock_handover(workdir: str) -> dict[str, str]:
+  """The environment of a restarted job that lets it take over the workdir's lock from the job
+  it replaces, which the launcher calling this knows is gone (its slice deleted or restarted,
+  its process ended): WORKDIR/lock as it is now, read from this machine (a workdir on a file
+  system mounted here and there); {} where there is none (a bucket takes none). The restart
+  takes it over only if the lock still names that holder, so a run started meanwhile keeps it.
+  A JobSet's restarted pods (launch/gke.py) need the same."""
+  holder = workdir_lock.read_holder(workdir)
+  return {} if holder is None else workdir_lock.handover_env(holder)
 
 
 def env_pairs(env: Sequence[str]) -> list[str]:
