@@ -1,6 +1,7 @@
 """What the launch scripts share: checks made before anything starts, and the
 printing (--dry-run) or running of the commands."""
 import argparse
+import os
 import pathlib
 import shlex
 import subprocess
@@ -86,6 +87,27 @@ def slurm_options(args: argparse.Namespace) -> list[str]:
   """--partition, --account and --time as given (srun and sbatch take them alike)."""
   return [f"--{k}={v}" for k, v in (("partition", args.partition), ("account", args.account),
                                      ("time", args.time)) if v]
+
+
+def preflight(config: str, topology: str, overrides: Sequence[str], num_slices: int = 1,
+              skip_flag: str = "--no-preflight") -> None:
+  """`vit-train --compile_only` for the slice, here, before anything is created or applied:
+  the config's train and eval steps compiled for its TPUs (libtpu, no TPU). The report goes to
+  stderr (a dry run's stdout stays what it prints); a config that does not fit, or does not
+  compile, stops the launch with vit-train's one line."""
+  slices = [f"--num_slices={num_slices}"] if num_slices > 1 else []
+  check = [sys.executable, "-m", "vit_jax.tools.train", "--config", config, "--compile_only",
+           "--topology", topology, *slices, *overrides]
+  print(f"preflight: {shlex.join(check)}", file=sys.stderr, flush=True)
+  path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+  result = subprocess.run(check, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=path))  # This checkout's vit_jax.
+  sys.stderr.write(result.stdout)
+  if result.returncode != 0:
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    why = lines[-1].removeprefix("error: ") if lines else (
+        f"exited with status {result.returncode}: {result.stderr.strip()[-2000:]}")
+    raise LaunchError(f"preflight for {topology}: {why} ({skip_flag} skips this check)")
 
 
 def say(message: str) -> None:

@@ -16,6 +16,7 @@ class Chip:
   hbm_bytes: int  # Per chip.
   hbm_bytes_per_s: float  # Per chip.
   source: str
+  devices_per_chip: int = 1  # JAX devices: TPU7x runs its two TensorCores as two.
 
 
 CHIPS = {c.name: c for c in (
@@ -28,6 +29,10 @@ CHIPS = {c.name: c for c in (
     Chip("v5p", "v5p", 2, 3, 459e12, 95 * GiB, 2765e9, "https://cloud.google.com/tpu/docs/v5p"),
     # cloud.google.com/tpu/docs/v6e: 918 TFLOP/s bf16, 32 GB HBM, 1,640 GB/s.
     Chip("v6e", "v6e", 1, 2, 918e12, 32 * GiB, 1640e9, "https://cloud.google.com/tpu/docs/v6e"),
+    # cloud.google.com/tpu/docs/tpu7x: 2,307 TFLOP/s bf16, 192 GiB HBM, 7,380 GB/s; two
+    # TensorCores a chip, each a JAX device. Used through GKE only (launch/gke.py).
+    Chip("tpu7x", "tpu7x", 2, 3, 2307e12, 192 * GiB, 7380e9,
+         "https://cloud.google.com/tpu/docs/tpu7x", devices_per_chip=2),
 )}
 BY_CLOUD_PREFIX = {c.cloud_prefix: c for c in CHIPS.values()}
 
