@@ -1,5 +1,8 @@
 """vit_jax/goodput.py: the record of a run's attempts and waits, and where its wall time went
 (the record written by real runs: test_e2e_recovery.py)."""
+import json
+import logging
+
 import pytest
 
 from vit_jax import goodput
@@ -69,3 +72,71 @@ def test_a_record_that_could_not_be_read_is_not_written_over(tmp_path, monkeypat
   assert goodput.record_capacity(tmp_path, 5.0, 6.0, "preempted")
   assert goodput.read(tmp_path)["capacity"] == [{"requested": 5.0, "active": 6.0,
                                                  "why": "preempted"}]
+
+
+FIRST_VERSION = {  # As the first version wrote it (b5751e9): a wait, an attempt cut short.
+    "attempts": [{"started": 10.5, "start_step": 0, "total_steps": 12, "first_step_at": 20.0,
+                  "last_step": 7, "last_step_at": 27.0, "saved_step": 4, "ended": None,
+                  "outcome": None}],
+    "capacity": [{"requested": 1.0, "active": 9.0, "why": "the first request"}]}
+ATTEMPT = FIRST_VERSION["attempts"][0]
+NOT_RECORDS = {
+    "not JSON": "{not json",
+    "a list": "[]",
+    "null": "null",
+    "a string": '"goodput"',
+    "attempts not a list": json.dumps({"attempts": {}, "capacity": []}),
+    "an attempt missing keys": json.dumps({"attempts": [{"started": 1.0}], "capacity": []}),
+    "an attempt not an object": json.dumps({"attempts": [7]}),
+    "a step that is text": json.dumps({"attempts": [{**ATTEMPT, "last_step": "7"}]}),
+    "a step that is true": json.dumps({"attempts": [{**ATTEMPT, "start_step": True}]}),
+    "a wait without why": json.dumps({"capacity": [{"requested": 1.0, "active": 2.0}]}),
+}
+
+
+def test_the_first_version_of_the_record_is_read_as_it_was(tmp_path, caplog):
+  goodput.path(tmp_path).write_text(json.dumps(FIRST_VERSION))
+  with caplog.at_level(logging.WARNING):
+    assert goodput.read(tmp_path) == FIRST_VERSION
+    goodput.record_capacity(tmp_path, 30.0, 40.0, "preempted")
+  assert not caplog.records
+  assert goodput.read(tmp_path)["attempts"] == FIRST_VERSION["attempts"]
+  assert goodput.summarize(goodput.read(tmp_path)).last_step == 7
+
+
+@pytest.mark.parametrize("text", NOT_RECORDS.values(), ids=NOT_RECORDS)
+def test_a_file_that_is_no_record_is_one_warning_and_a_fresh_record(tmp_path, caplog, text):
+  """Readers (vit-inspect, the launcher) leave it out with one line; the run's first write moves
+  it aside (nothing lost) and begins anew: never a traceback, never a blocked run."""
+  goodput.path(tmp_path).write_text(text)
+  with caplog.at_level(logging.WARNING):
+    assert goodput.read(tmp_path) == {"attempts": [], "capacity": []}
+  [warning] = [r.getMessage() for r in caplog.records]
+  assert warning.startswith(f"{goodput.path(tmp_path)} is not a record this program wrote (")
+  assert warning.endswith("): its attempts are left out") and "\n" not in warning
+  caplog.clear()
+  with caplog.at_level(logging.WARNING), goodput.AttemptLog(str(tmp_path), 0, 10) as log:
+    log.step(1)
+  [warning] = [r.getMessage() for r in caplog.records]
+  assert warning.endswith(f": moved to {tmp_path}/goodput.json.unreadable; a new record begins")
+  assert (tmp_path / "goodput.json.unreadable").read_text() == text
+  [attempt] = goodput.read(tmp_path)["attempts"]
+  assert (attempt["last_step"], attempt["outcome"]) == (1, "finished")
+  assert goodput.summarize(goodput.read(tmp_path)).finished
+
+
+def test_saved_step_is_what_orbax_has_written_in_full(tmp_path):
+  """A save begun at step 4 is not a save made: the record says 4 once the checkpoint is
+  committed, and stays at the step before where a kill cuts the save short."""
+  committed = [2]
+  log = goodput.AttemptLog(str(tmp_path), 2, 10, min_interval_s=0,
+                           committed=lambda: committed[-1])
+  log.step(3)
+  log.step(4, saved=True)  # Written in the background from here on.
+  assert goodput.read(tmp_path)["attempts"][0]["saved_step"] == 2
+  committed.append(4)
+  log.step(5)
+  assert goodput.read(tmp_path)["attempts"][0]["saved_step"] == 4
+  committed.append(None)  # No step folder at all: the restored one (start_step) stands.
+  log.step(6)
+  assert goodput.read(tmp_path)["attempts"][0]["saved_step"] == 2

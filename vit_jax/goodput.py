@@ -9,13 +9,20 @@ wall time.
 
 T: seconds since the epoch. A training run's process 0 appends its attempt when it starts and
 updates it as it goes (`AttemptLog`); an attempt whose `outcome` stayed null ended without a
-word (its machine taken away, a kill -9). The launcher (launch/recover.py) appends `capacity`
-entries, between attempts only, so the two never write at once.
+word (its machine taken away, a kill -9). `saved_step` is the last step whose checkpoint was
+written in full (a save cut short by a kill is not). The launcher (launch/recover.py) appends
+`capacity` entries, between attempts only, so the two never write at once.
+
+Every reader and writer goes through `load`, which accepts the record's one version so far
+(above) and answers anything else (not JSON, another shape, an entry missing a field) with one
+warning line and a fresh record: readers ignore the file, a writer moves it aside first
+(goodput.json.unreadable), so that no run is blocked and nothing is lost.
 """
 import dataclasses
 import json
+import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 from etils import epath
 
@@ -29,21 +36,90 @@ def path(workdir: str | epath.Path) -> epath.Path:
   return epath.Path(workdir) / NAME
 
 
-def _stored(workdir: str | epath.Path) -> dict[str, list[dict[str, Any]]] | None:
-  """The record; empty lists where there is none or its text is no record; None where it could
-  not be read (a bucket's error): what is written then would replace the attempts before."""
+_NUMBER, _STEP, _TEXT = (int, float), int, str
+# Each entry's fields and the types their values may have (None where listed).
+ATTEMPT = {"started": _NUMBER, "start_step": _STEP, "total_steps": _STEP,
+           "first_step_at": (*_NUMBER, type(None)), "last_step": _STEP,
+           "last_step_at": _NUMBER, "saved_step": _STEP, "ended": (*_NUMBER, type(None)),
+           "outcome": (_TEXT, type(None))}
+CAPACITY = {"requested": _NUMBER, "active": _NUMBER, "why": _TEXT}
+
+
+def _entry_problem(entry: Any, fields: dict[str, tuple[type, ...]]) -> str | None:
+  if not isinstance(entry, dict):
+    return f"an entry is {type(entry).__name__}, not an object"
+  for name, types in fields.items():
+    value = entry.get(name)
+    if name not in entry or isinstance(value, bool) or not isinstance(value, types):
+      return f"an entry's {name!r} is {'missing' if name not in entry else repr(value)}"
+  return None
+
+
+def check(found: Any) -> str | None:
+  """What keeps `found` (parsed JSON) from being a record this program wrote; None if it is."""
+  if not isinstance(found, dict):
+    return f"a JSON {type(found).__name__}, not an object"
+  for key, fields in (("attempts", ATTEMPT), ("capacity", CAPACITY)):
+    entries = found.get(key, [])
+    if not isinstance(entries, list):
+      return f"{key!r} is not a list"
+    problem = next(filter(None, (_entry_problem(e, fields) for e in entries)), None)
+    if problem:
+      return f"{key}: {problem}"
+  return None
+
+
+def _fresh() -> dict[str, list[dict[str, Any]]]:
+  return {"attempts": [], "capacity": []}
+
+
+def load(workdir: str | epath.Path) -> tuple[dict[str, list[dict[str, Any]]], str | None]:
+  """(the record, None), or (a fresh record, why the file is none) where it is not one this
+  program wrote; a fresh record where there is no file. OSError where it could not be read (a
+  bucket's error)."""
+  target = path(workdir)
+  if not target.exists():
+    return _fresh(), None
+  text = target.read_text()
   try:
-    found = json.loads(path(workdir).read_text()) if path(workdir).exists() else {}
+    found = json.loads(text)
+  except ValueError as e:
+    return _fresh(), f"not JSON ({e})"
+  problem = check(found)
+  if problem:
+    return _fresh(), problem
+  return {"attempts": list(found.get("attempts", [])),
+          "capacity": list(found.get("capacity", []))}, None
+
+
+def _stored(workdir: str | epath.Path) -> dict[str, list[dict[str, Any]]] | None:
+  """The record for a writer; None where it could not be read (a bucket's error): what is
+  written then would replace the attempts before. A file that is no record is moved aside
+  (one warning), and the record begins anew."""
+  try:
+    record, problem = load(workdir)
+    if problem:
+      aside = path(workdir).parent / f"{NAME}.unreadable"
+      path(workdir).replace(aside)
+      logging.warning("%s is not a record this program wrote (%s): moved to %s; a new record "
+                      "begins", path(workdir), problem, aside)
   except OSError:
     return None
-  except ValueError:
-    found = {}
-  return {"attempts": list(found.get("attempts", [])), "capacity": list(found.get("capacity", []))}
+  return record
 
 
 def read(workdir: str | epath.Path) -> dict[str, list[dict[str, Any]]]:
-  """The record; empty lists where there is none (or it does not read)."""
-  return _stored(workdir) or {"attempts": [], "capacity": []}
+  """The record, for a reader; empty lists where there is none, or where it could not be read
+  or is no record (then one warning line says so)."""
+  try:
+    record, problem = load(workdir)
+  except OSError as e:
+    logging.warning("%s could not be read (%s): its attempts are left out", path(workdir), e)
+    return _fresh()
+  if problem:
+    logging.warning("%s is not a record this program wrote (%s): its attempts are left out",
+                    path(workdir), problem)
+  return record
 
 
 def _write(workdir: str | epath.Path, record: dict[str, Any]) -> None:
@@ -68,11 +144,15 @@ def record_capacity(workdir: str | epath.Path, requested: float, active: float,
 
 class AttemptLog:
   """This run's attempt in the record: `step` after train steps, `end` once. Written by one
-  process (`enabled`); errors writing it are the run's (a workdir it cannot write)."""
+  process (`enabled`); errors writing it are the run's (a workdir it cannot write).
+  `committed` tells the last step whose checkpoint is written in full (orbax saves in the
+  background: a save begun is not a save made), read at each write for `saved_step`."""
 
   def __init__(self, workdir: str, start_step: int, total_steps: int, enabled: bool = True,
-               min_interval_s: float = MIN_INTERVAL_S):
+               min_interval_s: float = MIN_INTERVAL_S,
+               committed: Callable[[], int | None] | None = None):
     self.workdir, self.enabled, self.min_interval_s = workdir, enabled, min_interval_s
+    self.committed = committed
     now = time.time()
     self.entry: dict[str, Any] = {
         "started": now, "start_step": start_step, "total_steps": total_steps,
@@ -85,6 +165,8 @@ class AttemptLog:
   def _save(self) -> None:
     if not self.enabled:
       return
+    if self.committed is not None:
+      self.entry["saved_step"] = max(self.committed() or 0, self.entry["start_step"])
     record = _stored(self.workdir)
     if record is None:  # Not written over: a later write tries again.
       return
@@ -97,13 +179,14 @@ class AttemptLog:
     self.written_at = time.time()
 
   def step(self, step: int, saved: bool = False) -> None:
-    """After train step `step`; `saved` when its checkpoint is being written."""
+    """After train step `step`; `saved` when its checkpoint is being written (written at once;
+    without `committed`, taken as saved)."""
     now = time.time()
     first = self.entry["first_step_at"] is None
     self.entry.update(last_step=step, last_step_at=now)
     if first:
       self.entry["first_step_at"] = now
-    if saved:
+    if saved and self.committed is None:
       self.entry["saved_step"] = step
     if first or saved or now - self.written_at >= self.min_interval_s:
       self._save()

@@ -229,6 +229,7 @@ def _run_steps(setup: run_setup.RunSetup, state: trainer.TrainState, start: int,
       logging.info("Stopped: saved step %d to %s; rerun the same command to resume.", step,
                    setup.workdir)
       raise stop_signals.Interrupted(stop.received, step, setup.workdir)
+  manager.wait_until_finished()  # The last save in full before the record calls it saved.
   return eval_metrics
 
 
@@ -292,7 +293,8 @@ def _train_and_evaluate(c: ml_collections.ConfigDict, workdir: str, report: Repo
       dog = watchdog.StallWatchdog(c.stall_timeout_s,
                                    functools.partial(_stall_message, setup, manager))
       scheduled = _build_evaluators(setup, dog)
-      with goodput.AttemptLog(workdir, start, setup.loop_steps,
+      committed = lambda: max(run.finished_steps(workdir), default=None)  # noqa: E731
+      with goodput.AttemptLog(workdir, start, setup.loop_steps, committed=committed,
                               enabled=jax.process_index() == 0) as attempt:
         if start >= setup.loop_steps:
           logging.info("The run in %s is complete (step %d of %d); evaluating its last "
