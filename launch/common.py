@@ -3,6 +3,7 @@ printing (--dry-run) or running of the commands."""
 import argparse
 import os
 import pathlib
+import re
 import shlex
 import subprocess
 import sys
@@ -18,6 +19,68 @@ LOCAL_HOSTS = ("localhost", "127.0.0.1")  # Run here, without ssh.
 
 class LaunchError(ValueError):
   """A bad argument, found before anything was created or started."""
+
+
+class Parser(argparse.ArgumentParser):
+  """A launcher's command line: a bad argument is one `error:` line (exit status 2), as the
+  refusals that follow (LaunchError) are, not argparse's usage text and its line."""
+
+  def error(self, message: str):
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def count(minimum: int) -> Callable[[str], int]:
+  """An argparse type: an integer of at least `minimum`, refused as the flag is read."""
+  def parse(text: str) -> int:
+    try:
+      value = int(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if value < minimum:
+      raise argparse.ArgumentTypeError(f"give {minimum} or more, not {value}")
+    return value
+  return parse
+
+
+def seconds(text: str) -> float:
+  """An argparse type: a number of seconds above 0."""
+  try:
+    value = float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected seconds, not {text!r}") from None
+  if not 0 < value < float("inf"):
+    raise argparse.ArgumentTypeError(f"give a number of seconds above 0, not {text}")
+  return value
+
+
+def port(text: str) -> int:
+  value = count(1)(text)
+  if value > 65535:
+    raise argparse.ArgumentTypeError(f"a port is 1 to 65535, not {value}")
+  return value
+
+
+def resource_name(text: str) -> str:
+  """An argparse type: a Google Cloud resource name (a TPU VM, a queued resource)."""
+  if not re.fullmatch(r"[a-z]([-a-z0-9]{0,58}[a-z0-9])?", text):
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is no Cloud TPU name: lowercase letters, digits and hyphens, starting with "
+        "a letter, not ending with a hyphen, at most 60 characters")
+  return text
+
+
+def project_id(text: str) -> str:
+  """An argparse type: a Google Cloud project ID (a domain-scoped one, example.com:p, too)."""
+  if not re.fullmatch(r"[a-z][-a-z0-9.:]*[a-z0-9]", text):
+    raise argparse.ArgumentTypeError(f"{text!r} is no Google Cloud project ID")
+  return text
+
+
+def nonempty(text: str) -> str:
+  if not text.strip():
+    raise argparse.ArgumentTypeError("is empty")
+  return text
 
 
 class Failed(RuntimeError):
@@ -76,11 +139,20 @@ def add_overrides(parser: argparse.ArgumentParser) -> None:
 
 
 def add_slurm_flags(parser: argparse.ArgumentParser) -> None:
-  parser.add_argument("--gpus-per-node", type=int, default=8)
+  parser.add_argument("--gpus-per-node", type=count(1), default=8)
   parser.add_argument("--partition")
   parser.add_argument("--account")
-  parser.add_argument("--time", help="time limit, e.g. 24:00:00")
-  parser.add_argument("--job-name", default="vit_jax")
+  parser.add_argument("--time", type=slurm_time, help="time limit, e.g. 24:00:00")
+  parser.add_argument("--job-name", type=nonempty, default="vit_jax")
+
+
+def slurm_time(text: str) -> str:
+  """An argparse type: a time limit in one of sbatch's forms (MM, MM:SS, HH:MM:SS, D-HH,
+  D-HH:MM, D-HH:MM:SS; or UNLIMITED)."""
+  if not re.fullmatch(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|UNLIMITED|INFINITE", text):
+    raise argparse.ArgumentTypeError(f"{text!r} is no SLURM time limit: e.g. 90, 24:00:00 or "
+                                     "2-00:00:00")
+  return text
 
 
 def slurm_options(args: argparse.Namespace) -> list[str]:
@@ -130,7 +202,8 @@ def main(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
   try:
     return handler(args) or 0
   except LaunchError as e:
-    parser.error(str(e))
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    return 2
   except Failed as e:
     print(f"error: {e}", file=sys.stderr, flush=True)
     return 1

@@ -24,6 +24,7 @@ Every job must see the same paths (a shared file system, or gs:// on TPU VMs).
 --dry-run prints the commands (for slurm, a bash script that submits them).
 """
 import argparse
+import importlib.util
 import pathlib
 import queue
 import shlex
@@ -44,6 +45,14 @@ def read_jobs(lines: Sequence[str]) -> list[list[str]]:
   if not jobs:
     raise LaunchError("no jobs: give one line of arguments per job on standard input.")
   return jobs
+
+
+def _tool(name: str) -> str:
+  """An argparse type: a command module of vit_jax.tools (fewshot, transfer, ...)."""
+  if not (name.isidentifier() and importlib.util.find_spec(f"vit_jax.tools.{name}")):
+    raise argparse.ArgumentTypeError(f"vit_jax.tools has no module {name!r}: e.g. transfer, "
+                                     "fewshot, train")
+  return name
 
 
 def _module(args: argparse.Namespace) -> list[str]:
@@ -243,8 +252,7 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = common.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = p.add_subparsers(dest="target", required=True)
   slurm = sub.add_parser("slurm", help="an sbatch job per line, one node each")
   common.add_slurm_flags(slurm)
@@ -258,12 +266,13 @@ def parser() -> argparse.ArgumentParser:
   tpu.add_argument("--names", required=True, help="TPU VM names, comma-separated")
   tpu.add_argument("--zone", required=True)
   tpu.add_argument("--accelerator-type", required=True, help="the VMs' type, e.g. v4-8")
-  tpu.add_argument("--project", help="Google Cloud project (default: gcloud's)")
+  tpu.add_argument("--project", type=common.project_id,
+                   help="Google Cloud project (default: gcloud's)")
   tpu.add_argument("--allow-unlisted", action="store_true",
                    help="accept a zone or accelerator type missing from tpu_vm.GENERATIONS")
   for s in (slurm, hosts, tpu):
-    s.add_argument("--tool", required=True, help="the vit_jax.tools module each line runs, "
-                                                 "e.g. transfer")
+    s.add_argument("--tool", required=True, type=_tool,
+                   help="the vit_jax.tools module each line runs, e.g. transfer")
     s.add_argument("--then", help="the arguments of one more run once the jobs have ended")
     common.add_common_flags(s)
     if s is not tpu:

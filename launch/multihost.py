@@ -147,22 +147,21 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = common.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = p.add_subparsers(dest="mode", required=True)
   slurm = sub.add_parser("slurm", help="srun, one task per GPU")
-  slurm.add_argument("--nodes", type=int, required=True)
+  slurm.add_argument("--nodes", type=common.count(1), required=True)
   common.add_slurm_flags(slurm)
   slurm.add_argument("--srun-args", help="more srun options, e.g. '--exclusive --mem=0'")
   hosts = sub.add_parser("hosts", help="one process per host (ssh; localhost runs here)")
   hosts.add_argument("--hosts", required=True, help="host0,host1,...: host 0 coordinates")
-  hosts.add_argument("--port", type=int, default=29500, help="coordinator port on host 0")
+  hosts.add_argument("--port", type=common.port, default=29500, help="coordinator port on host 0")
   hosts.add_argument("--remote-repo", help="the repository on remote hosts (default: this one's "
                                            "path)")
   for s in (slurm, hosts):
-    s.add_argument("--config", required=True,
+    s.add_argument("--config", required=True, type=common.nonempty,
                    help="a config of vit_jax by name (pretrain:b16,i1k) or a file, path.py[:arg]")
-    s.add_argument("--workdir", required=True, help="shared by all processes")
+    s.add_argument("--workdir", required=True, type=common.nonempty, help="shared by all processes")
     s.add_argument("--python", default=sys.executable,
                    help="Python with vit_jax installed, on every host (default: this one)")
     s.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",

@@ -25,6 +25,10 @@ WAITING = ("CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING")
 # How often the wait for capacity says it still waits, besides each change of state.
 STILL_WAITING_S = 15 * 60
 DESCRIBE_TRIES = 10  # A poll apart: 10 minutes of a failing API at the default --poll-seconds.
+# gcloud's errors that no wait mends: the caller lacks a permission, the API is off in the
+# project, or the request is malformed (a project that does not exist).
+HOPELESS = re.compile(r"PERMISSION_DENIED|INVALID_ARGUMENT|SERVICE_DISABLED|FAILED_PRECONDITION|"
+                      r"has not been used in project|is disabled")
 
 
 class CapacityError(common.Failed):
@@ -42,12 +46,15 @@ def check(args: argparse.Namespace, generation: str) -> None:
         f"--accelerator-type {args.accelerator_type}: queued resources serve "
         f"{', '.join(QUEUEABLE)} slices, not {generation}; drop --queued (a TPU VM created "
         "at once) or choose one of those.")
-  if args.valid_until_duration and not re.fullmatch(r"(\d+[smhd])+", args.valid_until_duration):
-    raise common.LaunchError(
-        f"--valid-until-duration {args.valid_until_duration!r}: expected a duration such as "
-        "30m, 6h or 2d.")
-  if args.num_slices < 1:
-    raise common.LaunchError(f"--num-slices {args.num_slices}: give 1 or more.")
+
+
+def duration(text: str) -> str:
+  """An argparse type: --valid-until-duration, as gcloud takes it (30m, 6h, 2d, 1h30m)."""
+  parts = re.fullmatch(r"(\d+[smhd])+", text) and re.findall(r"(\d+)([smhd])", text)
+  if not parts or not sum(int(n) for n, _ in parts):
+    raise argparse.ArgumentTypeError(f"expected a duration above 0 such as 30m, 6h or 2d, not "
+                                     f"{text!r}")
+  return text
 
 
 def _gcloud(verb: str, args: argparse.Namespace, *rest: str, alpha: bool = False) -> list[str]:
@@ -116,6 +123,8 @@ def described(command: list[str], poll_s: float) -> str | None:
     if re.search(r"NOT_FOUND|not found", p.stderr):
       return None
     why = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
+    if HOPELESS.search(p.stderr):
+      raise common.Failed(f"{shlex.join(command)} failed, which no retry mends: {why}")
     if not tries_left:
       raise common.Failed(f"{shlex.join(command)} failed {DESCRIBE_TRIES} times in a row, a "
                           f"poll apart; the last time: {why}")
@@ -131,7 +140,7 @@ def describe(args: argparse.Namespace) -> State:
 
 
 def advice(args: argparse.Namespace, state: State) -> str:
-  """What to change after a queued resource failed."""
+  """What to change after a queued resource failed (and was deleted: the same name is free)."""
   if "valid" in state.reason.lower() or "expired" in state.reason.lower():
     return ("the capacity did not come within --valid-until-duration: give it longer, "
             "another zone, or another tier (--reserved with a reservation)")
@@ -151,6 +160,17 @@ def wait_active(args: argparse.Namespace, say: Callable[[str], None], poll_s: fl
     if state.name == "ACTIVE":
       return
     if state.name not in WAITING:
-      raise CapacityError(f"queued resource {args.name} is {state} after {waited}: "
-                          f"{advice(args, state)}.")
+      raise CapacityError(f"queued resource {args.name} is {state} after {waited}"
+                          f"{_deleted(args, state)}: {advice(args, state)}.")
     time.sleep(poll_s)
+
+
+def _deleted(args: argparse.Namespace, state: State) -> str:
+  """Deletes a FAILED queued resource, which holds no capacity, so that running the same
+  command again asks anew instead of finding the name taken; what the message says of it."""
+  if state.name != "FAILED":
+    return ""
+  p = subprocess.run(delete_command(args), capture_output=True, text=True)
+  if p.returncode:
+    return f" (deleting it failed: run {shlex.join(delete_command(args))} first)"
+  return " (deleted)"

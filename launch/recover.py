@@ -2,10 +2,14 @@
 back when it stops short: a slice preempted, deleted, under maintenance or unhealthy (while
 the job runs or while it is set up), or the job's process gone without finishing. Then it
 deletes the queued resource, asks for the same one again, sets the slices up and reruns the
-same command, which resumes from the last step saved in the workdir.
+same command, which resumes from the last step saved in the workdir. A job that ended on
+slices the TPU service calls healthy is run again there first; failing the same way again
+without progress, on new slices; a third time, it is the run's failure (a bug, not capacity:
+exit status 1). A restart hands the new job the workdir's lock that the stopped one left
+(common.lock_handover): its machine may be gone, and the lock would name it for ever.
 
-It gives up on a job, or a set-up on healthy slices, that fails the same way twice in a row
-without progress (a bug, not capacity: exit status 1), after --max-restarts restarts, and on
+It gives up on a set-up that fails twice in a row on healthy slices, on a job that refuses its
+input (vit-train's exit status 2, the same on any slice), after --max-restarts restarts, and on
 Ctrl-C, which leaves the slices and their job as they are. Each event is one line with its
 time. The workdir's goodput.json (vit_jax/goodput.py) tells the job's progress, and records
 each wait for capacity.
@@ -30,7 +34,8 @@ _HEALTHY = (None, "", "HEALTHY", "HEALTH_UNSPECIFIED")
 class Job:
   """What following a job needs of the launcher (launch/tpu_vm.py)."""
   args: argparse.Namespace  # --name, --zone, --project, --workdir, --num-slices and the spec.
-  start: Callable[[], None]  # Sets up every node and starts the run on it.
+  # Starts the run on every node, with the environment given; set up first if asked.
+  start: Callable[[bool, dict[str, str]], None]
   node_command: Callable[[str], list[str]]  # A node's description as JSON.
   exit_command: Callable[[str], list[str]]  # Prints the run's exit status once it ended.
   poll_s: float = 60.0
@@ -150,11 +155,12 @@ def request(job: Job, why: str) -> None:
     say(f"this wait is not in {goodput.path(args.workdir)}: it could not be read just now")
 
 
-def start(job: Job) -> str | None:
-  """Sets up the slices and starts the job; None, or why it did not start: the slices taken
-  away meanwhile (a Spot slice can go during its set-up), or the command that failed."""
+def start(job: Job, setup: bool = True, env: dict[str, str] | None = None) -> str | None:
+  """Sets up the slices (if asked) and starts the job; None, or why it did not start: the
+  slices taken away meanwhile (a Spot slice can go during its set-up), or the command that
+  failed."""
   try:
-    job.start()
+    job.start(setup, env or {})
   except subprocess.CalledProcessError as e:
     return slice_trouble(job) or (
         f"set-up failed ({' '.join(e.cmd[3:6])} exited with code {e.returncode})")
@@ -182,41 +188,70 @@ def follow(job: Job, request_first: bool) -> int:
 
 
 def _not_capacity(job: Job, trouble: str, step: int) -> str:
-  """Why a run or its set-up failing the same way twice stops the launcher."""
+  """Why a run or its set-up failing the same way again stops the launcher."""
   if trouble.startswith("set-up"):
     return (f"{trouble} twice in a row, on slices the TPU service called healthy: not a lack "
             "of capacity; gcloud's output is above")
   node = queued.node_names(job.args)[0]
-  return (f"the job {trouble} twice in a row without progress past step {step}: a failure of "
-          f"the run, not of capacity; read its log: python launch/tpu_vm.py logs --name {node} "
-          f"--zone {job.args.zone}")
+  log = f"python launch/tpu_vm.py logs --name {node} --zone {job.args.zone}"
+  if trouble == "exited with status 2":  # vit-train's refusal of its input, in one line.
+    return (f"the job refused its input (exit status 2), as it would on any slice; its log "
+            f"says why: {log}")
+  return (f"the job {trouble} three times in a row without progress past step {step}, on the "
+          f"same slices and on new ones: a failure of the run, not of capacity; read its log: "
+          f"{log}")
+
+
+@dataclasses.dataclass
+class _Next:
+  """What the follower does after the job stopped short."""
+  fresh: bool  # New slices (else the same ones, the job run again there).
+  handover: dict[str, str]  # The restart's environment: the stopped job's lock.
+
+
+def _next(job: Job, trouble: str, times: int) -> _Next:
+  """After the job stopped short for `trouble`, the same way `times` times in a row without
+  progress: where to run it again, or Failed."""
+  ended = trouble.startswith(("exited", "gone"))  # On slices the poll found healthy.
+  if trouble.startswith("set-up") and times >= 2 or trouble == "exited with status 2" or (
+      ended and times >= 3):
+    raise common.Failed(_not_capacity(job, trouble, Progress.read(job.args.workdir).step))
+  return _Next(fresh=not ended or times == 2,
+               handover=common.lock_handover(job.args.workdir))
 
 
 def _follow(job: Job, request_first: bool) -> int:
-  restarts, last = 0, None
+  restarts, last, times, then = 0, None, 0, _Next(True, {})
   why = "the first request"
   seen = Progress.read(job.args.workdir).attempts
   while True:
     trouble = None
     if request_first or restarts:
-      request(job, why)
-      trouble = start(job)
+      if then.fresh:
+        request(job, why)
+      else:
+        say("running the job again on the same slices, which the TPU service calls healthy")
+      trouble = start(job, setup=then.fresh, env=then.handover)
     if trouble is None:
       trouble, seen = watch(job, seen)
     progress = Progress.read(job.args.workdir)
     if trouble is None:
-      a = job.args
-      say(f"finished at step {progress.step}; the slice is still yours (and billed): python "
-          f"launch/tpu_vm.py delete --queued --name {a.name} --zone {a.zone}")
-      record = goodput.summarize(goodput.read(a.workdir))
-      print("\n".join(goodput.format_summary(record)), flush=True)
-      return 0
+      return _finished(job.args, progress)
     why = f"{trouble} at about step {progress.step}"
     say(why)
-    if trouble.startswith(("exited", "set-up")) and last == (trouble, progress.step):
-      raise common.Failed(_not_capacity(job, trouble, progress.step))
+    times = times + 1 if last == (trouble, progress.step) else 1
     last = (trouble, progress.step)
+    then = _next(job, trouble, times)
     restarts += 1
     if restarts > job.args.max_restarts:
       raise common.Failed(f"gave up after {job.args.max_restarts} restarts (--max-restarts); "
                           f"the job stopped at step {progress.step}: {trouble}")
+
+
+def _finished(a: argparse.Namespace, progress: Progress) -> int:
+  say(f"finished at step {progress.step}; the slice is still yours (and billed): python "
+      f"launch/tpu_vm.py delete --queued --name {a.name} --zone {a.zone}")
+  summary = goodput.summarize(goodput.read(a.workdir))
+  if summary is not None:
+    print("\n".join(goodput.format_summary(summary)), flush=True)
+  return 0

@@ -27,7 +27,9 @@ Capacity that has to be waited for (launch/queued.py, launch/recover.py):
 --queued asks for the slice through a queued resource (--spot, --reserved or --best-effort;
 --valid-until-duration; --num-slices N for multislice) and waits for it, saying each state;
 --recover then follows the job to its end, asking for the slice again and resuming the run
-whenever it stops short; `watch`, with the same flags as `up`, follows a job already started.
+whenever it stops short; `watch`, with the same flags as `up`, follows a job already started
+(and asks for no capacity where no queued resource stands under --name). Every flag is checked
+before the first gcloud command: a bad one is exit status 2 and one `error:` line.
 """
 import argparse
 import dataclasses
@@ -244,19 +246,22 @@ def coordinator_command(args: argparse.Namespace) -> list[str]:
 
 
 def start_commands(args: argparse.Namespace, tpu: Slice, setup: bool,
-                   coordinator: str | None = None) -> list[list[str]]:
-  """Setup (if asked) and the run on every node of a queued resource: with --num-slices, each
-  slice with its multislice environment."""
+                   coordinator: str | None = None,
+                   env: dict[str, str] | None = None) -> list[list[str]]:
+  """Setup (if asked) and the run on every node of a queued resource, with `env` set (a
+  restart's lock handover): with --num-slices, each slice with its multislice environment."""
   commands = []
   for i, name in enumerate(queued.node_names(args)):
     node = _node(args, name)
-    env = _multislice_env(args, i, coordinator) if args.num_slices > 1 else None
-    commands += (setup_commands(node, tpu) if setup else []) + run_commands(node, tpu, env)
+    node_env = {**(_multislice_env(args, i, coordinator) if args.num_slices > 1 else {}),
+                **(env or {})}
+    commands += ((setup_commands(node, tpu) if setup else []) +
+                 run_commands(node, tpu, node_env or None))
   return commands
 
 
 def _queued_job(args: argparse.Namespace, tpu: Slice) -> recover.Job:
-  def start() -> None:
+  def start(setup: bool, env: dict[str, str]) -> None:
     if args.command == "create":
       return
     coordinator = None
@@ -264,7 +269,7 @@ def _queued_job(args: argparse.Namespace, tpu: Slice) -> recover.Job:
       print("+ " + shlex.join(coordinator_command(args)), flush=True)
       coordinator = subprocess.run(coordinator_command(args), check=True, capture_output=True,
                                    text=True).stdout.strip()
-    common.execute(start_commands(args, tpu, True, coordinator), dry_run=False)
+    common.execute(start_commands(args, tpu, setup, coordinator, env), dry_run=False)
 
   return recover.Job(
       args, start, lambda node: _gcloud("describe", args, node, "--format=json"),
@@ -300,24 +305,40 @@ def handle_queued(args: argparse.Namespace, tpu: Slice) -> int:
   if args.dry_run:
     _queued_dry_run(args, tpu, job)
     return 0
-  if args.command != "watch":
-    # Asking again deletes what is there: a running job's slice, for a repeated `up --recover`.
-    state = queued.describe(args)
-    if state.name != "NOT_FOUND":
-      raise LaunchError(f"queued resource {args.name} exists already ({state}): follow its "
-                        "job with `watch` (the same flags as `up`), or delete it first with "
-                        "`delete --queued`.")
+  _check_existing(args, queued.describe(args))
   if getattr(args, "recover", False):  # up --recover, watch.
     return recover.follow(job, request_first=args.command != "watch")
   try:
     recover.request(job, "the first request")
-    job.start()
+    job.start(True, {})
   except KeyboardInterrupt:
     return recover.left_as_is(args)
   if args.command == "up":
     print(f"Started. Follow it: python launch/tpu_vm.py logs --name "
           f"{queued.node_names(args)[0]} --zone {args.zone}")
   return 0
+
+
+def _check_existing(args: argparse.Namespace, state: queued.State) -> None:
+  """What stands under --name before anything is asked for. `watch` follows a queued resource
+  that is there, and never asks for one that is not (a typo in --name would start a job).
+  `create` and `up` ask for one anew: asking deletes what is there, which would take a
+  running job's slice away, so they refuse any but a FAILED one (no capacity in it), which
+  the request replaces."""
+  where = f"--name {args.name} --zone {args.zone}"
+  if args.command == "watch":
+    if state.name == "NOT_FOUND":
+      raise LaunchError(f"{where}: there is no such queued resource, so no job to follow; start "
+                        "one with `up --queued --recover` (watch asks for no capacity).")
+    if state.name == "FAILED":
+      raise LaunchError(f"{where}: queued resource {args.name} is {state}, so no job runs "
+                        f"there; ask anew with `up --queued --recover`.")
+  elif state.name not in ("NOT_FOUND", "FAILED"):
+    raise LaunchError(f"queued resource {args.name} exists already ({state}): follow its "
+                      "job with `watch` (the same flags as `up`), or delete it first with "
+                      "`delete --queued`.")
+  elif state.name == "FAILED":
+    common.say(f"queued resource {args.name} is {state}: replaced by this request")
 
 
 def _check_flags(args: argparse.Namespace, tpu: Slice) -> None:
@@ -376,8 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = common.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = p.add_subparsers(dest="command", required=True)
   helps = {"up": "create + setup + run", "create": "create the TPU VM",
            "setup": "copy and install this project on every worker",
@@ -387,16 +407,18 @@ def parser() -> argparse.ArgumentParser:
                     "does (the same flags as that `up`)"}
   for name, help_ in helps.items():
     s = sub.add_parser(name, help=help_)
-    s.add_argument("--name", required=True, help="TPU VM name")
+    s.add_argument("--name", required=True, type=common.resource_name, help="TPU VM name")
     s.add_argument("--zone", required=True, help="e.g. us-central2-b")
-    s.add_argument("--project", help="Google Cloud project (default: gcloud's)")
+    s.add_argument("--project", type=common.project_id,
+                   help="Google Cloud project (default: gcloud's)")
     s.add_argument("--allow-unlisted", action="store_true",
                    help="accept a zone or accelerator type missing from GENERATIONS")
     common.add_common_flags(s)
     if name in ("logs", "delete"):
       if name == "logs":
-        s.add_argument("--worker", default="0", help="worker index (or 'all')")
-        s.add_argument("--lines", type=int, default=100, help="lines of history to show")
+        s.add_argument("--worker", type=_worker, default="0", help="worker index (or 'all')")
+        s.add_argument("--lines", type=common.count(0), default=100,
+                       help="lines of history to show")
       else:
         s.add_argument("--queued", action="store_true",
                        help="delete the queued resource --name and its nodes")
@@ -408,15 +430,20 @@ def parser() -> argparse.ArgumentParser:
     if name in ("setup", "up", "watch"):
       s.add_argument("--python", default="3.12", help="Python version of the workers' venv")
     if name in ("run", "up", "watch"):
-      s.add_argument("--config", required=True,
+      s.add_argument("--config", required=True, type=common.nonempty,
                      help="a config of vit_jax by name (pretrain:b16,i1k) or a file, path.py[:arg]")
-      s.add_argument("--workdir", required=True, help="gs://BUCKET/PATH (any path on one host)")
+      s.add_argument("--workdir", required=True, type=common.nonempty,
+                     help="gs://BUCKET/PATH (any path on one host)")
       s.add_argument("--no-preflight", "--no_preflight", dest="no_preflight",
                      action="store_true",
                      help="skip compiling the config for the accelerator type here first "
                      "(vit-train --compile_only, which needs libtpu installed here)")
       common.add_overrides(s)
   return p
+
+
+def _worker(text: str) -> str:
+  return text if text == "all" else str(common.count(0)(text))
 
 
 def _add_capacity_flags(s: argparse.ArgumentParser, name: str) -> None:
@@ -432,9 +459,10 @@ def _add_capacity_flags(s: argparse.ArgumentParser, name: str) -> None:
                      help="with --queued: from your project's reservation")
   tiers.add_argument("--best-effort", dest="best_effort", action="store_true",
                      help="with --queued: the best-effort tier (gcloud alpha)")
-  s.add_argument("--valid-until-duration", help="with --queued: give up on the request if not "
-                 "filled within this long, e.g. 6h")
-  s.add_argument("--num-slices", type=int, default=1,
+  s.add_argument("--valid-until-duration", type=queued.duration,
+                 help="with --queued: give up on the request if not filled within this long, "
+                 "e.g. 6h")
+  s.add_argument("--num-slices", type=common.count(1), default=1,
                  help="with --queued: slices of --accelerator-type, joined over the data-center "
                  "network (multislice); their nodes are NAME-0, NAME-1, ...")
   if name == "up":
@@ -442,9 +470,9 @@ def _add_capacity_flags(s: argparse.ArgumentParser, name: str) -> None:
                    help="with --queued: follow the job to its end, asking for the slice again "
                    "and resuming the run whenever it stops short")
   if name in ("up", "watch"):
-    s.add_argument("--max-restarts", type=int, default=20,
+    s.add_argument("--max-restarts", type=common.count(0), default=20,
                    help="with --recover: restarts before giving up (default: %(default)s)")
-  s.add_argument("--poll-seconds", type=float, default=60.0,
+  s.add_argument("--poll-seconds", type=common.seconds, default=60.0,
                  help="with --queued: seconds between checks of the queued resource, the slice "
                  "and the job (default: %(default)s)")
 

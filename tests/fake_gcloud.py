@@ -16,10 +16,16 @@ FAKE_GCLOUD_DIR holds `history.json`, one entry per `queued-resources create`, i
 and what the fake keeps: `state.json`, `gcloud.log` (the arguments of every call) and each
 node's home folder, `home/NODE`, where `tpu-vm ssh` runs the commands it is given (the
 install excepted: FAKE_GCLOUD_PYTHON, the tests' Python, stands in for the workers' venv) and
-`tpu-vm scp` copies files. An event kills the node's processes (those whose environment names
-the node) with its signal, as the TPU service's would: a preemption or a deletion takes the
-slice away, maintenance or a fault leaves it unhealthy, a crash only ends the job, a restart
-ends every process of the node, which comes back healthy.
+`tpu-vm scp` copies files. An event kills the node's processes (those whose environment
+names the node) with its signal, as the TPU service's would: a preemption or a deletion takes
+the slice away, maintenance or a fault leaves it unhealthy, a crash only ends the job, a
+restart ends every process of the node, which comes back healthy.
+
+Each VM that a request brings has a host name of its own, as TPU VMs name themselves
+(t1v-n-XXXXXXXX-w-0, new with each request; `hosts.log` lists them), which the processes its
+ssh starts see (socket.gethostname, through a sitecustomize on their PYTHONPATH): a lock left
+on one VM names another host on the next. FAKE_GCLOUD_DENY (a part of a command line) makes
+the calls it names fail with PERMISSION_DENIED, from the first.
 """
 import fcntl
 import json
@@ -31,6 +37,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 
 DIR = pathlib.Path(os.environ["FAKE_GCLOUD_DIR"])
 NODE_ENV = "FAKE_TPU_NODE"
@@ -73,7 +80,10 @@ def queued_resources(verb: str, argv: list[str]) -> int:
       count = int(flag(argv, "--node-count") or 1)
       nodes = ([flag(argv, "--node-id")] if count == 1 else
                [f"{flag(argv, '--node-prefix')}-{i}" for i in range(count)])
-      s["qr"] = {"request": s["creates"], "describes": 0, "nodes": nodes, "fixed": None}
+      s["qr"] = {"request": s["creates"], "describes": 0, "nodes": nodes, "fixed": None,
+                 "hosts": {n: host_name(n, s["creates"]) for n in nodes}}
+      with open(DIR / "hosts.log", "a") as log:
+        log.writelines(f"{s['creates']} {n} {h}\n" for n, h in s["qr"]["hosts"].items())
       s["creates"] += 1
       return 0
     if qr is None:
@@ -87,6 +97,15 @@ def queued_resources(verb: str, argv: list[str]) -> int:
       return fail("UNAVAILABLE: The service is currently unavailable.")
     print(json.dumps({"state": describe(qr)}))
     return 0
+
+
+DENIED = ("PERMISSION_DENIED: Permission 'tpu.queuedResources.get' denied on resource "
+          "'projects/p/locations/us-west4-a/queuedResources/vit' (or it may not exist).")
+
+
+def host_name(node: str, request: int) -> str:
+  """Worker 0's host name on a node that request `request` brought."""
+  return f"t1v-n-{zlib.crc32(f'{node}/{request}'.encode()):08x}-w-0"
 
 
 def describe(qr: dict) -> dict:
@@ -143,7 +162,14 @@ def ssh(name: str, home: pathlib.Path, command: str) -> int:
     python.parent.mkdir(parents=True)
     python.write_text(f'#!/bin/sh\nexec {shlex.quote(os.environ["FAKE_GCLOUD_PYTHON"])} "$@"\n')
     python.chmod(0o755)
-  env = {**os.environ, NODE_ENV: name}
+  site = DIR / "site"  # The node's host name, for the processes started here.
+  site.mkdir(exist_ok=True)
+  (site / "sitecustomize.py").write_text(
+      "import os, socket\nsocket.gethostname = lambda: os.environ['FAKE_TPU_HOSTNAME']\n")
+  with State() as s:
+    host = s["qr"]["hosts"][name]
+  path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+  env = {**os.environ, NODE_ENV: name, "FAKE_TPU_HOSTNAME": host, "PYTHONPATH": path}
   code = subprocess.run(["sh", "-c", command], cwd=home, env=env).returncode
   if "vit_jax.tools.train" in command:
     with State() as s:
@@ -223,6 +249,9 @@ def main(argv: list[str]) -> int:
     return 0
   with open(DIR / "gcloud.log", "a") as log:
     log.write(shlex.join(argv) + "\n")
+  deny = os.environ.get("FAKE_GCLOUD_DENY")
+  if deny and deny in shlex.join(argv):
+    return fail(DENIED)
   argv = argv[1:] if argv[:1] == ["alpha"] else argv
   if argv[:3] == ["compute", "tpus", "queued-resources"]:
     return queued_resources(argv[3], argv[4:])

@@ -1,6 +1,7 @@
 """launch/: the commands printed for Cloud TPU VMs and GPU clusters, refusals before anything
 is created, and processes and jobs run to their first failure (a real two-process training job
 on localhost: test_e2e_distributed.py)."""
+import argparse
 import json
 import re
 import shlex
@@ -103,9 +104,9 @@ def test_logs_and_delete():
   assert logs[4:7] == ["ssh", "vit", "--worker=0"]
   assert flag(logs, "--command") == "tail -n 100 -F vit_jax/logs/train.log"
   (delete,) = dry_run("tpu_vm.py", "delete", "--name", "vit", "--zone", "us-central2-b",
-                      "--project", "p")
+                      "--project", "my-project")
   assert delete == ["gcloud", "compute", "tpus", "tpu-vm", "delete", "vit", "--quiet",
-                    "--zone=us-central2-b", "--project=p"]
+                    "--zone=us-central2-b", "--project=my-project"]
 
 
 def test_unlisted_types_and_zones_need_the_override():
@@ -329,7 +330,7 @@ def test_queued_delete_takes_the_nodes_with_it():
      "queued resources serve v4, v5litepod, v5p, v6e slices, not v3"),
     (["--reserved"], "--reserved asks for a queued resource: add --queued"),
     (["--num-slices", "2"], "--num-slices asks for a queued resource: add --queued"),
-    (["--queued", "--valid-until-duration", "6 hours"], "expected a duration such as 30m"),
+    (["--queued", "--valid-until-duration", "6 hours"], "expected a duration above 0 such as"),
     (["--queued", "--spot", "--reserved"], "not allowed with argument --spot"),
     (["--queued", "--recover", "--accelerator-type", "v5litepod-8", "--workdir", "runs/b16"],
      "--workdir runs/b16: following the job reads its progress there, from this machine"),
@@ -373,23 +374,44 @@ def test_a_queued_resource_that_fails_ends_with_one_line_naming_why(tmp_path, st
   assert not any("tpu-vm" in c for c in calls)  # Nothing set up on a slice it never had.
 
 
-def test_a_job_that_fails_the_same_way_twice_is_a_bug_not_capacity(tmp_path):
-  """The job (a stand-in that exits 3 at once) fails on a fresh slice, and again on the next:
-  no progress, so the launcher stops, exit 1, instead of asking for capacity for ever."""
+def test_a_job_that_fails_the_same_way_again_is_a_bug_not_capacity(tmp_path):
+  """The job (a stand-in that exits 3 at once) fails on a healthy slice: it runs again there,
+  fails again, so new slices are asked for; failing there too, without progress, the launcher
+  stops, exit 1, instead of asking for capacity for ever."""
   crash = tmp_path / "crash"
   crash.write_text("#!/bin/sh\nexit 3\n")
   crash.chmod(0o755)
   result, calls = _queued_up(tmp_path, [{"states": ["ACTIVE"]}] * 3, "--recover",
                              python=str(crash))
   assert result.returncode == 1, result.stderr
-  assert result.stdout.count("exited with status 3 at about step 0") == 2
+  assert result.stdout.count("exited with status 3 at about step 0") == 3
+  assert result.stdout.count("running the job again on the same slices") == 1
   [line] = result.stderr.splitlines()
-  assert line.startswith("error: the job exited with status 3 twice in a row without progress "
-                         "past step 0: a failure of the run, not of capacity")
+  assert line.startswith("error: the job exited with status 3 three times in a row without "
+                         "progress past step 0, on the same slices and on new ones: a failure "
+                         "of the run, not of capacity")
   assert sum("queued-resources create" in c for c in calls) == 2
+  assert sum("vit_jax.tools.train" in c for c in calls) == 3
+  assert sum("uv pip install" in c for c in calls) == 2  # Not again on the same slice.
   more, _ = _queued_up(tmp_path / "again", [{"states": ["ACTIVE"]}] * 3, "--recover",
                        "--max-restarts", "0", python=str(crash))
   assert more.returncode == 1 and "gave up after 0 restarts (--max-restarts)" in more.stderr
+
+
+def test_a_job_that_refuses_its_input_stops_at_once(tmp_path):
+  """vit-train's exit status 2 (a flag, a config or the workdir refused in one line) is the
+  same on any slice: no rerun, no new slice."""
+  refuse = tmp_path / "refuse"
+  refuse.write_text("#!/bin/sh\necho 'error: --config.batch_size: no' >&2\nexit 2\n")
+  refuse.chmod(0o755)
+  result, calls = _queued_up(tmp_path, [{"states": ["ACTIVE"]}] * 2, "--recover",
+                             python=str(refuse))
+  assert result.returncode == 1, result.stderr
+  [line] = result.stderr.splitlines()
+  assert line == ("error: the job refused its input (exit status 2), as it would on any slice; "
+                  "its log says why: python launch/tpu_vm.py logs --name vit --zone us-west4-a")
+  assert sum("queued-resources create" in c for c in calls) == 1
+  assert sum("vit_jax.tools.train" in c for c in calls) == 1
 
 
 def test_ctrl_c_leaves_the_queued_resource_as_it_is(tmp_path):
@@ -410,18 +432,21 @@ def test_ctrl_c_leaves_the_queued_resource_as_it_is(tmp_path):
   assert not any("delete" in c for c in (folder / "gcloud.log").read_text().splitlines())
 
 
-@pytest.mark.parametrize("event,why", [
+@pytest.mark.parametrize("event,why,same_slice", [
     # The queued resource or its node seen first, whichever the poll reaches.
-    ("preempt", "preempted ("),
-    ("delete", "deleted ("),
-    ("maintenance", "under maintenance (node vit)"),
-    ("unhealthy", "unhealthy (node vit: TIMEOUT)"),
-    ("crash", "exited with status 137"),
-    ("restart", "gone (no process and no exit status on vit: restarted?)"),
+    ("preempt", "preempted (", False),
+    ("delete", "deleted (", False),
+    ("maintenance", "under maintenance (node vit)", False),
+    ("unhealthy", "unhealthy (node vit: TIMEOUT)", False),
+    ("crash", "exited with status 137", True),
+    ("restart", "gone (no process and no exit status on vit: restarted?)", True),
 ])
-def test_each_way_a_job_stops_short_is_told_and_the_slice_asked_for_again(tmp_path, event, why):
+def test_each_way_a_job_stops_short_is_told_and_the_slice_asked_for_again(
+    tmp_path, event, why, same_slice):
   """The job (a stand-in that logs a step and sleeps) meets the event; the launcher names it,
-  asks for the slice again, and ends where the next request fails."""
+  asks for the slice again, and ends where the next request fails. A job that ended on a
+  healthy slice (a crash, a restart of the machine) runs there again first, and meets the
+  event again."""
   job = tmp_path / "job"
   job.write_text("#!/bin/sh\necho 'step 1/12 (8.3%)'\nsleep 60\n")
   job.chmod(0o755)
@@ -429,8 +454,9 @@ def test_each_way_a_job_stops_short_is_told_and_the_slice_asked_for_again(tmp_pa
              {"states": ["FAILED"], "error": "no capacity"}]
   result, calls = _queued_up(tmp_path, history, "--recover", python=str(job))
   assert result.returncode == 1, result.stderr
-  [told] = re.findall(r"^\[[\d :-]+\] (.+) at about step 0$", result.stdout, re.M)
-  assert told.startswith(why)
+  told = re.findall(r"^\[[\d :-]+\] (.+) at about step 0$", result.stdout, re.M)
+  assert len(told) == 1 + same_slice and all(t.startswith(why) for t in told)
+  assert ("running the job again on the same slices" in result.stdout) == same_slice
   assert sum("queued-resources create" in c for c in calls) == 2
   assert "queued resource vit is FAILED (no capacity)" in result.stderr
 
@@ -543,3 +569,217 @@ def test_create_queued_waits_for_the_slice_and_starts_nothing(tmp_path):
   assert "--reserved" in create and not any("tpu-vm" in c for c in calls)
   watch = dry_run("tpu_vm.py", "watch", *QUEUED, *RUN)
   assert watch[0][3:5] == ["queued-resources", "describe"]  # Follows first, asks again after.
+
+
+# Every flag of every launcher verb checked before the first cloud call: exit status 2, one
+# `error:` line, nothing printed on stdout, no gcloud call (the fake records every call).
+TPU = {"--name": "vit", "--zone": "us-west4-a"}
+SLICE = {**TPU, "--accelerator-type": "v5litepod-8"}
+JOB = {"--config": "quickstart", "--workdir": "gs://bucket/run", "--no-preflight": None}
+VERBS = {
+    "tpu_vm.py create": SLICE, "tpu_vm.py setup": SLICE, "tpu_vm.py run": {**SLICE, **JOB},
+    "tpu_vm.py up": {**SLICE, **JOB}, "tpu_vm.py watch": {**SLICE, **JOB},
+    "tpu_vm.py logs": TPU, "tpu_vm.py delete": TPU,
+    "multihost.py slurm": {"--nodes": "2", "--config": "quickstart", "--workdir": "/w"},
+    "multihost.py hosts": {"--hosts": "a,b", "--config": "quickstart", "--workdir": "/w"},
+    "jobs.py slurm": {"--tool": "transfer"},
+    "jobs.py hosts": {"--tool": "transfer", "--hosts": "localhost"},
+    "jobs.py tpu_vm": {"--tool": "transfer", "--names": "a", "--zone": "us-west4-a",
+                       "--accelerator-type": "v5litepod-8"},
+}
+BAD = {  # flag: (bad values, a part of the line that refuses them)
+    "--name": (["Vit", "vit_1", "9vit", "vit-", "v" * 61], "is no Cloud TPU name"),
+    "--project": (["My Project", "p_q"], "is no Google Cloud project ID"),
+    "--zone": (["mars-north1-a"], "offers no"),
+    "--poll-seconds": (["-1", "0", "nan", "inf", "soon"], "--poll-seconds"),
+    "--max-restarts": (["-1", "1.5"], "--max-restarts"),
+    "--num-slices": (["-2", "0"], "--num-slices"),
+    "--valid-until-duration": (["0h", "6 hours", "-1h"], "--valid-until-duration"),
+    "--lines": (["-5", "many"], "--lines"),
+    "--worker": (["-1", "first"], "--worker"),
+    "--nodes": (["0", "-2"], "--nodes"),
+    "--gpus-per-node": (["0"], "--gpus-per-node"),
+    "--port": (["0", "70000"], "--port"),
+    "--time": (["tomorrow", "1:2:3:4"], "is no SLURM time limit"),
+    "--config": (["", "finetun:b16"], "--config"),
+    "--workdir": ([" "], "--workdir"),
+    "--job-name": ([""], "--job-name"),
+    "--tool": (["nonexistent", "../train"], "vit_jax.tools has no module"),
+    "--hosts": ([",", " "], "--hosts is empty"),
+    "--env": (["NCCL_DEBUG", "1X=2"], "expected NAME=VALUE"),
+}
+
+
+def _flags(script: str, command: str) -> set[str]:
+  """The flags a launcher verb takes, from its parser."""
+  from launch import jobs, multihost
+  module = {"tpu_vm.py": tpu_vm, "multihost.py": multihost, "jobs.py": jobs}[script]
+  [verbs] = [a for a in module.parser()._actions if isinstance(a, argparse._SubParsersAction)]
+  return {o for a in verbs.choices[command]._actions for o in a.option_strings}
+
+
+def _bad_cases():
+  for verb, given in VERBS.items():
+    script, command = verb.split()
+    known = _flags(script, command)
+    for flag_, (values, message) in BAD.items():
+      if flag_ in known:
+        for value in values:
+          yield pytest.param(script, command, given, flag_, value, message,
+                             id=f"{verb}:{flag_}={value}")
+
+
+@pytest.mark.parametrize("script,command,given,flag_,value,message", list(_bad_cases()))
+def test_every_bad_flag_of_every_verb_is_one_line_before_any_cloud_call(
+    fake_gcloud, monkeypatch, capsys, script, command, given, flag_, value, message):
+  """In this process (the scripts' main, ~1 ms a case; test_bad_arguments_stop_before_anything
+  _is_created runs the scripts themselves)."""
+  import io
+
+  from launch import jobs, multihost
+  env, log = fake_gcloud
+  monkeypatch.setenv("PATH", env["PATH"])
+  monkeypatch.setattr(sys, "stdin", io.StringIO("--suite vtab1k/dtd\n"))
+  args = {**given, flag_: value}
+  argv = [command, *(x for k, v in args.items() for x in ((k,) if v is None else (k, v)))]
+  main = {"tpu_vm.py": tpu_vm, "multihost.py": multihost, "jobs.py": jobs}[script].main
+  try:
+    code = main(argv)
+  except SystemExit as e:
+    code = e.code
+  out, err = capsys.readouterr()
+  assert code == 2, (out, err)
+  [line] = err.splitlines()
+  assert line.startswith("error: ") and message in line, line
+  assert not log.exists() and not out
+
+
+def test_every_verb_and_flag_of_the_table_is_covered():
+  """The table above names every launcher verb, and each bad flag meets at least one."""
+  flags = {c.values[3] for c in _bad_cases()}
+  assert flags == set(BAD)
+  commands = {f"{c.values[0]} {c.values[1]}" for c in _bad_cases()}
+  assert commands == set(VERBS)
+  for script, verbs in (("tpu_vm.py", 7), ("multihost.py", 2), ("jobs.py", 3)):
+    assert sum(v.startswith(script) for v in VERBS) == verbs
+
+
+@pytest.mark.parametrize("command,extra", [
+    ("watch", [*QUEUED[6:], "--accelerator-type", "v5litepod-8", *RUN[:2], "--workdir",
+               "/tmp/run", "--poll-seconds", "0.05"]),
+    ("logs", []),
+    ("delete", []),
+    ("delete", ["--queued"]),
+])
+def test_watch_logs_and_delete_never_create_capacity(tmp_path, command, extra):
+  """A typo in --name: `watch` finds no queued resource and says so (exit 2, one line) instead
+  of asking for one; logs and delete fail on gcloud's NOT_FOUND. No `create` in any."""
+  env, folder = scripted_gcloud(tmp_path)
+  (folder / "history.json").write_text(json.dumps([{"states": ["ACTIVE"]}]))
+  result = launch("tpu_vm.py", command, "--name", "vit-typo", "--zone", "us-west4-a", *extra,
+                  env=env)
+  calls = (folder / "gcloud.log").read_text().splitlines()
+  assert result.returncode != 0
+  assert not any(" create " in c for c in calls), calls
+  if command == "watch":
+    assert result.returncode == 2 and calls == [
+        "compute tpus queued-resources describe vit-typo --format=json --zone=us-west4-a"]
+    [line] = result.stderr.splitlines()
+    assert line == ("error: --name vit-typo --zone us-west4-a: there is no such queued "
+                    "resource, so no job to follow; start one with `up --queued --recover` "
+                    "(watch asks for no capacity).")
+
+
+def test_a_failed_queued_resource_is_deleted_so_running_again_asks_anew(tmp_path):
+  """Its message says "run again": the name is free for it, and the same command asks anew."""
+  history = [{"states": ["FAILED"], "error": "Quota exceeded"}, {"states": ["ACTIVE"]}]
+  job = tmp_path / "job"
+  job.write_text("#!/bin/sh\nexit 0\n")
+  job.chmod(0o755)
+  result, calls = _queued_up(tmp_path, history, python=str(job))
+  [line] = result.stderr.splitlines()
+  assert result.returncode == 1 and "is FAILED (Quota exceeded) after 0s (deleted): " in line
+  assert calls[-1].startswith("compute tpus queued-resources delete vit --force --quiet")
+  again, calls = _queued_up(tmp_path, history, python=str(job))
+  assert again.returncode == 0, again.stderr
+  assert sum("queued-resources create" in c for c in calls) == 2
+
+
+def test_up_replaces_a_failed_queued_resource_left_by_an_older_launcher(tmp_path):
+  env, folder = scripted_gcloud(tmp_path)
+  (folder / "history.json").write_text(json.dumps([{"states": ["FAILED"], "error": "stockout"},
+                                                   {"states": ["ACTIVE"]}]))
+  fake = [sys.executable, "-S", str(REPO / "tests" / "fake_gcloud.py")]
+  subprocess.run([*fake, "compute", "tpus", "queued-resources", "create", "vit", "--node-id=vit"],
+                 env=env, check=True)
+  result = launch("tpu_vm.py", "create", "--queued", "--poll-seconds", "0.05", *QUEUED[:-1],
+                  env=env)
+  assert result.returncode == 0, result.stderr
+  assert "queued resource vit is FAILED (stockout): replaced by this request" in result.stdout
+
+
+def test_permission_denied_stops_at_once(tmp_path):
+  """No retry mends a missing permission: one line at the first describe, nothing created
+  (it was tried 10 times, a poll apart, ~9 minutes at the default --poll-seconds)."""
+  env, folder = scripted_gcloud(tmp_path)
+  (folder / "history.json").write_text(json.dumps([{"states": ["ACTIVE"]}]))
+  env["FAKE_GCLOUD_DENY"] = "queued-resources describe"
+  result = launch("tpu_vm.py", "up", "--queued", "--recover", "--poll-seconds", "30", *QUEUED,
+                  "--accelerator-type", "v5litepod-8", *RUN, env=env, timeout=20)
+  assert result.returncode == 1
+  [line] = result.stderr.splitlines()
+  assert line.startswith("error: gcloud compute tpus queued-resources describe vit "
+                         "--format=json --zone=us-west4-a failed, which no retry mends: ERROR: "
+                         "(gcloud) PERMISSION_DENIED: Permission 'tpu.queuedResources.get'")
+  assert (folder / "gcloud.log").read_text().count("\n") == 1
+
+
+# A stand-in for vit-train that takes the workdir's lock as it does (a refusal is exit 2 and one
+# line), records its attempt, and trains step 1 then waits (the first attempt) or to the end.
+STAND_IN = """
+import sys, time
+from vit_jax import goodput
+from vit_jax.checkpoint import workdir_lock
+workdir = sys.argv[sys.argv.index("--workdir") + 1]
+try:
+  workdir_lock.check_free(workdir)
+  lock = workdir_lock.take(workdir)
+except workdir_lock.WorkdirInUse as e:
+  sys.exit(f"error: {e}")
+first = not goodput.read(workdir)["attempts"]
+with lock, goodput.AttemptLog(workdir, 0 if first else 1, 12, min_interval_s=0) as log:
+  for step in range(1 if first else 2, 13):
+    print(f"step {step}/12", flush=True)
+    log.step(step, saved=True)
+    if first:
+      time.sleep(120)
+"""
+
+
+def test_a_job_killed_on_a_vm_that_is_gone_resumes_on_the_next_one(tmp_path):
+  """SIGKILL for maintenance on a workdir mounted on both (an absolute path): the lock names the
+  first VM's host; the launcher, which deleted that VM, hands its holder to the restart on the
+  next VM (another host name), which takes the lock over and finishes. It exited 2 ("in use by
+  PID ... on host t1v-n-...") and the launcher called it a failure of the run."""
+  job = tmp_path / "stand_in.py"
+  job.write_text(STAND_IN)
+  python = tmp_path / "python"
+  python.write_text(f"#!/bin/sh\nexec {sys.executable} {job} \"$@\"\n")
+  python.chmod(0o755)
+  history = [{"states": ["ACTIVE"], "then": {"at_step": 1, "event": "maintenance",
+                                             "signal": "KILL"}},
+             {"states": ["ACTIVE"]}]
+  result, calls = _queued_up(tmp_path, history, "--recover", python=str(python))
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+  hosts = (tmp_path / "gcloud" / "hosts.log").read_text().split()
+  first, second = hosts[2], hosts[5]
+  assert re.fullmatch(r"t1v-n-[0-9a-f]{8}-w-0", first) and first != second
+  log = (tmp_path / "gcloud" / "home" / "vit" / "vit_jax" / "logs" / "train.log").read_text()
+  assert re.search(rf"^(WARNING:root:)?took over the lock of process \d+ on {first} \(.+/run/"
+                   r"lock, held since .+\), which the launcher restarting this run says is "
+                   r"gone$", log, re.M), log
+  assert "under maintenance (node vit) at about step 1" in result.stdout
+  assert re.search(r"^\[[\d :-]+\] finished at step 12", result.stdout, re.M)
+  [_, restart] = [c for c in calls if "vit_jax.tools.train" in c]
+  assert "VIT_WORKDIR_LOCK_HANDOVER=" in restart and first in restart
+  assert not (tmp_path / "run" / "lock").exists()
