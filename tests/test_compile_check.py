@@ -9,7 +9,8 @@ from helpers import TINY_CONFIG, needs_libtpu
     ("v4-32", "v4:2x2x4"), ("v4-8", "v4:2x2x1"), ("v5p-64", "v5p:2x4x4"),
     ("v5p-256", "v5p:4x4x8"), ("v5litepod-16", "v5e:4x4"), ("v5litepod-8", "v5e:2x4"),
     ("v5litepod-256", "v5e:16x16"), ("v6e-16", "v6e:4x4"), ("v6e-64", "v6e:8x8"),
-    ("v5e:2x2", "v5e:2x2"),
+    ("v5e:2x2", "v5e:2x2"), ("tpu7x-8", "tpu7x:2x2x1"), ("tpu7x-16", "tpu7x:2x2x2"),
+    ("tpu7x-64", "tpu7x:2x4x4"), ("tpu7x-128", "tpu7x:4x4x4"), ("tpu7x:2x2x1", "tpu7x:2x2x1"),
 ])
 def test_accelerator_types_in_jax_spelling(name, jax_name):
   from vit_jax.train import compile_check
@@ -25,6 +26,24 @@ def test_multi_host_compile():
   a = compile_check.attempt(configs.get_config(TINY_CONFIG), topology, 10, {})
   assert a.fits and a.train.flops > 0 and a.micro_batch == 32
   assert compile_check.resolve_topology("v4-16").chips == 8  # A device per chip (megacore).
+
+
+@needs_libtpu
+def test_tpu7x_counts_hbm_and_peaks_per_device():
+  """TPU7x's two TensorCores are two JAX devices: the mesh spans 16 on tpu7x-16 (8 chips, 2
+  hosts), each with half the chip's 192 GiB, 2,307 TFLOP/s and 7,380 GB/s
+  (cloud.google.com/tpu/docs/tpu7x)."""
+  from vit_jax import configs
+  from vit_jax.train import compile_check, tpu_specs
+  topology = compile_check.resolve_topology("tpu7x-16")
+  assert (topology.chips, topology.hosts, topology.unit) == (16, 2, "device")
+  assert topology.chip.hbm_bytes == 192 * tpu_specs.GiB
+  assert (topology.device.hbm_bytes, topology.device.peak_bf16_flops,
+          topology.device.hbm_bytes_per_s) == (96 * tpu_specs.GiB, 2307e12 / 2, 7380e9 / 2)
+  a = compile_check.attempt(configs.get_config(TINY_CONFIG), topology, 10, {"batch_size": 32})
+  report = compile_check.report(configs.get_config(TINY_CONFIG), topology, a)
+  assert report["hbm_capacity_bytes"] == 96 * tpu_specs.GiB and report["per_chip_batch"] == 2
+  assert "HBM per device:" in compile_check.format_report(report)
 
 
 @needs_libtpu

@@ -538,11 +538,11 @@ def _timeout_line(found: "compile_check.Search") -> str:
 def _no_fit_line(found: "compile_check.Search", topology: "compile_check.Topology") -> str:
   from vit_jax.train import tpu_specs
   spec = (_config_flag(sys.argv) or (0, "", "the config"))[2]
-  head = f"--config {spec} does not fit {topology.name} ({topology.chips} chips)"
+  head = f"--config {spec} does not fit {topology.name} ({topology.chips} {topology.unit}s)"
   if found.given is not None:
     over = found.given.over_bytes
-    head += (f": at least {over / tpu_specs.GiB:.2f} GiB per chip over its "
-             f"{topology.chip.hbm_bytes / tpu_specs.GiB:g} GiB")
+    head += (f": at least {over / tpu_specs.GiB:.2f} GiB per {topology.unit} over its "
+             f"{topology.device.hbm_bytes / tpu_specs.GiB:g} GiB")
   n = len(found.tried)
   if found.found is None:
     return (f"{head}; none of the {n} changes compiled fits (mesh.fsdp, model.remat, "

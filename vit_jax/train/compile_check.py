@@ -33,7 +33,8 @@ MAX_CANDIDATES = 8  # Compiles the fit search may spend, the config's own not co
 
 @dataclasses.dataclass(frozen=True)
 class Topology:
-  """A slice (or `num_slices` of them) of compile-only TPU devices, one per chip."""
+  """A slice (or `num_slices` of them) of compile-only TPU devices: one per chip, two on
+  TPU7x, whose figures (`device`) and counts (`chips`) are then per TensorCore."""
   name: str  # As given.
   jax_name: str  # JAX's spelling: "v5e:4x4".
   num_slices: int
@@ -42,7 +43,18 @@ class Topology:
 
   @property
   def chips(self) -> int:
-    return len({(getattr(d, "slice_index", 0), tuple(d.coords)) for d in self.devices})
+    """The devices the mesh spans: the chips, or TPU7x's TensorCores."""
+    return len({(getattr(d, "slice_index", 0), tuple(d.coords), getattr(d, "core_on_chip", 0))
+                for d in self.devices})
+
+  @property
+  def device(self) -> tpu_specs.Chip:
+    """The figures of one device: the chip's, or half of a TPU7x chip's."""
+    return tpu_specs.per_device(self.chip)
+
+  @property
+  def unit(self) -> str:
+    return "chip" if self.chip.devices_per_chip == 1 else "device"
 
   @property
   def hosts(self) -> int:
@@ -54,15 +66,15 @@ class Topology:
 
 
 def jax_topology_name(name: str) -> tuple[str, tpu_specs.Chip]:
-  """JAX's spelling (`v5e:4x4`) of a topology given so or as a Cloud accelerator type
-  (`v4-32`, `v5litepod-16`, `v5p-64`, `v6e-16`), and its chip."""
-  if m := re.fullmatch(r"(v\w+?):(\d+(?:x\d+)+)", name):
+  """JAX's spelling (`v5e:4x4`, `tpu7x:2x2x2`) of a topology given so or as a Cloud (or GKE)
+  accelerator type (`v4-32`, `v5litepod-16`, `v5p-64`, `v6e-16`, `tpu7x-16`), and its chip."""
+  if m := re.fullmatch(r"(v\w+?|tpu\w+?):(\d+(?:x\d+)+)", name):
     chip = tpu_specs.CHIPS.get(m.group(1))
     if chip is None:
       raise ValueError(f"--topology {name}: unknown TPU {m.group(1)!r}; known: "
                        f"{', '.join(tpu_specs.CHIPS)}")
     return name, chip
-  m = re.fullmatch(r"(v\w+?)-(\d+)", name)
+  m = re.fullmatch(r"(v\w+?|tpu\w+?)-(\d+)", name)
   chip = tpu_specs.BY_CLOUD_PREFIX.get(m.group(1)) if m else None
   if chip is None:
     known = ", ".join(f"{c.cloud_prefix}-N" for c in tpu_specs.CHIPS.values())
@@ -326,7 +338,7 @@ def attempt(c: ml_collections.ConfigDict, topology: Topology, num_classes: int,
           topology.devices)
     out.train, out.eval = step_stats(train, 3 * kernel), step_stats(evaluate, kernel)
     out.over_bytes = max(out.train.total_bytes, eval_resident_bytes(out.train, out.eval)
-                         ) - topology.chip.hbm_bytes
+                         ) - topology.device.hbm_bytes
   out.compile_s = time.time() - t0
   return out
 
@@ -431,11 +443,12 @@ def _step_dict(stats: StepStats | None, analytic: float, chip: tpu_specs.Chip,
 
 def report(c: ml_collections.ConfigDict, topology: Topology, a: Attempt) -> dict[str, Any]:
   """What `--compile_only` prints (`--json`: as it is), per chip unless named otherwise."""
-  chip, cfg = topology.chip, with_overrides(c, a.overrides)
+  chip, cfg = topology.device, with_overrides(c, a.overrides)
   forward = a.analytic_forward * a.micro_batch / topology.chips
   out = dict(
       topology=topology.name, jax_topology=topology.jax_name, num_slices=topology.num_slices,
       chips=topology.chips, hosts=topology.hosts, device_kind=topology.device_kind,
+      unit=topology.unit, devices_per_chip=topology.chip.devices_per_chip,
       model=cfg.model_name, pretrained=cfg.pretrained,
       model_fields={k: v for k, v in cfg.model.items() if v is not None},
       dtype=cfg.dtype, batch_size=cfg.batch_size,
@@ -491,10 +504,13 @@ def _header(r: dict[str, Any]) -> list[str]:
   over = f" (over {r['dcn_data']} slices)" if r["dcn_data"] > 1 else ""
   hosts = f"{r['hosts']} host{'s' * (r['hosts'] > 1)}"
   model = r["model"] + (f" as {r['pretrained']} describes it" if r.get("pretrained") else "")
-  return [f"{r['topology']} ({r['jax_topology']}{slices}): {r['chips']} chips "
-          f"({r['device_kind']}), {hosts}",
+  unit = r.get("unit", "chip")
+  kind = (f"{r['device_kind']}, {r['devices_per_chip']} a chip, HBM and peaks counted per "
+          "device" if unit == "device" else r["device_kind"])
+  return [f"{r['topology']} ({r['jax_topology']}{slices}): {r['chips']} {unit}s ({kind}), "
+          f"{hosts}",
           f"{model} in {r['dtype']}, batch {r['batch_size']} (micro-batch "
-          f"{r['micro_batch']}, {r['per_chip_batch']:g} per chip), mesh data="
+          f"{r['micro_batch']}, {r['per_chip_batch']:g} per {unit}), mesh data="
           f"{r['mesh']['data']}{over} x fsdp={r['mesh']['fsdp']}, "
           f"remat {'on' if r['remat'] else 'off'}",
           _attention_line(r["attention"], r["device_kind"])]
@@ -512,18 +528,18 @@ def format_report(r: dict[str, Any]) -> str:
   lines = _header(r)
   if r["train"] is None:
     return "\n".join(lines + [f"does not compile within HBM: {r['error']}"])
-  cap = r["hbm_capacity_bytes"]
-  lines += ["HBM per chip:", _hbm_line("train", r["train"], cap, r["train"]["total_bytes"]),
+  cap, unit = r["hbm_capacity_bytes"], r.get("unit", "chip")
+  lines += [f"HBM per {unit}:", _hbm_line("train", r["train"], cap, r["train"]["total_bytes"]),
             _hbm_line("eval ", r["eval"], cap, r["eval"]["total_bytes"]),
             "  while evaluating, with the train state resident: "
             + _gib(r["eval"]["resident_bytes"]),
-            "FLOPs per chip per step:", _flops_line("train", r["train"], r["remat"], cap),
+            f"FLOPs per {unit} per step:", _flops_line("train", r["train"], r["remat"], cap),
             _flops_line("eval", r["eval"], False, cap),
             "Collectives per step (ops in the compiled program, their results' bytes):",
             _collective_line("train", r["train"]), _collective_line("eval", r["eval"])]
   roof = r["train"]["roofline"]
   lines += [f"Roofline bound, not a measurement (peak {r['peak_bf16_flops'] / 1e12:g} TFLOP/s "
-            f"bf16, {r['hbm_bytes_per_s'] / 1e9:,.0f} GB/s HBM per chip; {r['chip_source']}):",
+            f"bf16, {r['hbm_bytes_per_s'] / 1e9:,.0f} GB/s HBM per {unit}; {r['chip_source']}):",
             f"  train step >= {roof['step_s'] * 1e3:,.1f} ms ({roof['bound']} bound: compute "
             f"{roof['compute_s'] * 1e3:,.1f} ms, HBM {roof['memory_s'] * 1e3:,.1f} ms for the "
             "bytes XLA counts accessed), "

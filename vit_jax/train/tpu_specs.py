@@ -37,6 +37,15 @@ CHIPS = {c.name: c for c in (
 BY_CLOUD_PREFIX = {c.cloud_prefix: c for c in CHIPS.values()}
 
 
+def per_device(chip: Chip) -> Chip:
+  """The chip's figures for one of its JAX devices (TPU7x: a TensorCore, half the chip's
+  FLOP/s, HBM and bandwidth), what a compiled program's per-device statistics compare with."""
+  n = chip.devices_per_chip
+  return dataclasses.replace(chip, peak_bf16_flops=chip.peak_bf16_flops / n,
+                             hbm_bytes=chip.hbm_bytes // n,
+                             hbm_bytes_per_s=chip.hbm_bytes_per_s / n)
+
+
 def topology_shape(chip: Chip, chips: int) -> str:
   """The chips' arrangement in a slice of `chips` (a power of two), as Cloud TPU lays them
   out: 3-D from 2x2x1 (v4-8) doubling the smallest side (2x2x2, 2x2x4, 2x4x4, 4x4x4, ...), or
