@@ -193,6 +193,22 @@ TINY_SERVING_MODELS = {
         patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1, classifier="gap",
         class_token=True, num_registers=2, posemb="none", rope="dinov3", pre_norm=True,
         layer_scale=True, qkv_bias="qv", gelu="quick", layer_norm_eps=1e-5, head_bias=False)),
+    # The exact (erf) GELU: DINOv2 and CLIP's towers (a class token, registers, LayerScale,
+    # ln_pre, a head without bias), and EVA-02's blocks (mean pooling without a class token,
+    # fc_norm, its rotary embedding, the attention's and the MLP's inner norms).
+    "exact": ("ViT-Ti_16", 32, dict(
+        patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1, gelu="exact",
+        num_registers=1, layer_scale=True, pre_norm=True, layer_norm_eps=1e-5, head_bias=False)),
+    "eva": ("ViT-Ti_16", 32, dict(
+        patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1, gelu="exact",
+        classifier="gap", fc_norm=True, rope="eva", rope_ref_grid=16, attention_norm=True,
+        mlp_norm=True, qkv_bias="qv")),
+    # SwiGLU blocks under SigLIP's MAP head (whose MLP has the GELU), fixed sin-cos position
+    # embeddings, no q/k/v bias, a pre-logits layer.
+    "map": ("ViT-Ti_16", 32, dict(
+        patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1, mlp="swiglu",
+        classifier="map", gelu="exact", posemb="sincos2d", qkv_bias="none",
+        representation_size=16)),
 }
 
 
@@ -213,11 +229,17 @@ def tiny_serving_checkpoint(path, kind: str, num_classes: int = 10, seed: int = 
   if "layer_scale" in overrides:  # Scales far from their 1e-5 start, or the blocks vanish.
     params = jax.tree_util.tree_map_with_path(
         lambda p, x: x + 0.5 if "LayerScale" in jax.tree_util.keystr(p) else x, params)
+  # A hidden unit of every MLP at 0 for every input (its weights and bias zeroed): a real model's
+  # millions of pre-activations always include some near 0, where a GELU's lowering may take
+  # another branch (the exact GELU's erfc did, NaN in ONNX); a tiny model's few hundred may not.
+  params = jax.tree_util.tree_map_with_path(
+      lambda p, x: x.at[..., 0].set(0) if re.search(r"Mlp\w*'\]\['Dense_0", jax.tree_util.keystr(p))
+      else x, params)
   # What no array shows (the rotary embedding, the GELU, the epsilon) the description tells.
   described = checkpoint.Description(
       model={k: overrides[k] for k in models.registry.DESCRIBED if k in overrides},
       image_size=size, num_classes=num_classes)
-  checkpoint.save_npz(str(path), params, described if kind == "families" else None)
+  checkpoint.save_npz(str(path), params, None if kind in ("plain", "hybrid") else described)
   return str(path)
 
 
@@ -279,7 +301,7 @@ def assert_finetuning_loads_the_file(command: str, monkeypatch, num_classes: int
 # The serving formats'.
 
 # Max |logit difference| from JAX's, float32 throughout.
-TOLERANCE = {"savedmodel": 1e-4, "tflite": 1e-3, "onnx": 1e-4}
+TOLERANCE = {"savedmodel": 1e-4, "tflite": 1e-4, "onnx": 1e-4}
 
 
 def jax_logits(loaded, batch: np.ndarray) -> np.ndarray:

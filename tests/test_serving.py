@@ -1,7 +1,9 @@
 """Serving formats (vit_jax.serving, `vit-export --format`): a SavedModel through jax2tf,
-TFLite from it, ONNX from that, each giving JAX's logits on real images (the handwritten digits
-of tests/data) for a plain ViT and a hybrid, at batch sizes 1 and 7 (`vit-export` as a user runs
-it, and a training run exported: test_e2e_checkpoints.py)."""
+TFLite from it, ONNX from that, each run in its own runtime (TensorFlow, LiteRT, onnxruntime)
+and giving JAX's logits within 1e-4 on real images (the handwritten digits of tests/data), at
+batch sizes 1 and 7: the table of every format x every tiny model of TINY_SERVING_MODELS, which
+holds every GELU form, pooling, norm and position embedding the model has (`vit-export` as a
+user runs it, its check of what it wrote, and a training run exported: test_e2e_checkpoints.py)."""
 import glob
 import os
 
@@ -10,7 +12,7 @@ import pytest
 
 from helpers import TINY_SERVING_MODELS, TOLERANCE, jax_logits, tiny_serving_checkpoint
 from vit_jax import checkpoint
-from vit_jax.serving import convert, images, onnx, runners, savedmodel, tflite
+from vit_jax.serving import convert, formats, images, onnx, runners, savedmodel, tflite
 
 
 @pytest.fixture(scope="module", params=sorted(TINY_SERVING_MODELS))
@@ -22,13 +24,32 @@ def exported(request, tmp_path_factory, digits_folder):
   paths = {"savedmodel": savedmodel.save(loaded, str(tmp / "saved_model"))}
   paths["tflite"] = tflite.from_savedmodel(paths["savedmodel"], str(tmp / "model.tflite"))
   paths["onnx"] = onnx.from_tflite(paths["tflite"], str(tmp / "model.onnx"))
+  assert sorted(paths) == sorted(formats.FORMATS), "export the new format here"
   files = sorted(glob.glob(os.path.join(digits_folder, "test", "*", "*.png")))[::40][:7]
   batch = np.stack([images.read_image(f, loaded.image_size) for f in files])
   return kind, loaded, paths, batch
 
 
+def test_the_tiny_models_hold_every_variant_of_the_exported_graph():
+  """The table's rows: every GELU form, MLP, pooling, position embedding, rotary embedding and
+  q/k/v bias of models/vit.py's CHOICES, and every norm and token of the model, in some row."""
+  from vit_jax import models
+  built = [models.create_model(name, num_classes=10, **fields)
+           for name, _, fields in TINY_SERVING_MODELS.values()]
+  for field, values in models.vit.CHOICES.items():
+    if field != "posemb_interpolation":  # The export runs at the model's own grid.
+      assert {getattr(m, field) for m in built} == set(values), field
+  for flag in ("pre_norm", "layer_scale", "fc_norm", "mlp_norm", "attention_norm", "class_token",
+               "head_bias"):
+    assert {bool(getattr(m, flag)) for m in built} == {True, False}, flag
+  assert all(any(f(m) for m in built) for f in (
+      lambda m: m.num_registers, lambda m: m.resnet_layers is not None,
+      lambda m: m.representation_size, lambda m: m.layer_norm_eps != 1e-6))
+  assert sorted(TOLERANCE) == sorted(formats.FORMATS)
+
+
 @pytest.mark.parametrize("batch_size", [1, 7])
-@pytest.mark.parametrize("fmt", sorted(TOLERANCE))
+@pytest.mark.parametrize("fmt", sorted(formats.FORMATS))
 def test_format_gives_jax_logits_on_real_images(exported, fmt, batch_size):
   kind, loaded, paths, batch = exported
   batch = batch[:batch_size]
@@ -41,6 +62,28 @@ def test_format_gives_jax_logits_on_real_images(exported, fmt, batch_size):
   diff = np.abs(got - want).max()
   assert diff <= TOLERANCE[fmt], f"{kind} {fmt} batch {batch_size}: max |diff| {diff:.2e}"
   np.testing.assert_allclose(runners.jax_runner(loaded)(batch), want, atol=1e-5, rtol=0)
+
+
+def test_onnx_select_ignores_the_branch_not_taken(tmp_path):
+  """XLA's erfc, of which the exact GELU is made, selects between 1 - erf(x) and
+  exp(-x^2) p(1 / x^2), which is inf near 0: tf2onnx wrote the select as
+  cast(c) * a + cast(!c) * b, NaN there (0 * inf)."""
+  import jax
+  import tensorflow as tf
+  from jax.experimental import jax2tf
+  gelu = lambda x: jax.nn.gelu(x, approximate=False)  # noqa: E731
+  serve = tf.function(jax2tf.convert(gelu, polymorphic_shapes=["(b, 8)"], with_gradient=False,
+                                     native_serialization_platforms=("cpu",)),
+                      autograph=False, input_signature=[tf.TensorSpec([None, 8], tf.float32)])
+  model = tf.lite.TFLiteConverter.from_concrete_functions(
+      [serve.get_concrete_function()], serve).convert()
+  (tmp_path / "gelu.tflite").write_bytes(model)
+  import onnxruntime as ort
+  session = ort.InferenceSession(onnx.tflite_to_onnx(str(tmp_path / "gelu.tflite"))
+                                 .SerializeToString())
+  x = np.array([[0, 1e-30, -1e-6, 1e-3, -0.5, 1, -3, 8]], np.float32)
+  got = session.run(None, {session.get_inputs()[0].name: x})[0]
+  np.testing.assert_allclose(got, gelu(x), atol=1e-7, rtol=1e-6)
 
 
 def test_signatures_take_uint8_images_of_any_batch_and_give_logits_and_top5(exported):
@@ -153,7 +196,6 @@ def test_every_format_of_the_table_keeps_the_contract_and_every_command_offers_i
   """formats.FORMATS drives conversion, running and vit-export's choices: each row's module
   has the four functions, tells only its own files, and is offered by every entry point."""
   import inspect as pyinspect
-  from vit_jax.serving import formats
   from vit_jax.tools import export
   contract = {"holds": ["path"], "write": ["loaded", "out", "scratch", "kwargs"],
               "read_description": ["path"], "runner": ["path", "num_threads"]}

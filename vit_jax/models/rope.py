@@ -71,7 +71,9 @@ def _rotated(x: jax.Array, half: bool) -> jax.Array:
     a, b = jnp.split(x, 2, axis=-1)
     return jnp.concatenate([-b, a], axis=-1)
   pairs = x.reshape(x.shape[:-1] + (-1, 2))
-  return jnp.stack([-pairs[..., 1], pairs[..., 0]], axis=-1).reshape(x.shape)
+  # Plain slices: pairs[..., 1] with a symbolic batch is a gather TFLite cannot lower (tokens.py).
+  a, b = (jax.lax.index_in_dim(pairs, i, axis=-1, keepdims=False) for i in (0, 1))
+  return jnp.stack([-b, a], axis=-1).reshape(x.shape)
 
 
 def apply(x: jax.Array, sin: jax.Array, cos: jax.Array, kind: str) -> jax.Array:

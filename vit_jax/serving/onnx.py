@@ -7,8 +7,8 @@ ONNX comes from the TFLite model because neither converter takes the model more 
   hybrids wrong: its patch of flax.linen.Conv reads the kernel from the variables,
   bypassing StdConv's weight standardisation (checked here: the root conv's output off by
   up to 29, a tiny hybrid's logits by 9e-3).
-The TFLite model holds only builtin ops, which tf2onnx converts one for one, but for one:
-see `_unsorted_segment_prod`. `onnx` and `tf2onnx` come with the export extra. The
+The TFLite model holds only builtin ops, which tf2onnx converts one for one, but for two:
+see `_unsorted_segment_prod` and `_select`. `onnx` and `tf2onnx` come with the export extra. The
 description is the model's `metadata_props` entry named formats.METADATA_NAME. One format of
 `formats`.
 """
@@ -89,16 +89,31 @@ def _unsorted_segment_prod(ctx, node, name, args) -> None:
                          name=name, shapes=shapes, dtypes=[dtype])
 
 
+def _select(ctx, node, name, args) -> None:
+  """tf2onnx's handler of Select / SelectV2, kept to its ONNX `Where` form: it writes a float
+  select as cast(c) * a + cast(!c) * b (faster in old onnxruntimes), which is NaN wherever the
+  branch not taken is inf or NaN, as 0 * inf is. XLA's erfc, which the exact GELU
+  (jax.nn.gelu(approximate=False)) is made of, takes exp(-x^2) * p(1 / x^2) for |x| >= 1 and
+  1 - erf(x) below: its large-|x| branch is inf at x near 0, so every model with the exact GELU
+  gave NaN logits. tf2onnx keeps `Where` for the selects it marks `handles_nan`; here all are."""
+  from tf2onnx.onnx_opset import controlflow
+  del name, args
+  node.set_attr("handles_nan", True)
+  controlflow.Select.version_9(ctx, node)
+
+
 def tflite_to_onnx(tflite_file: str, opset: int = OPSET):
   """tf2onnx's ONNX model (onnx.ModelProto) of `tflite_file`, UnsortedSegmentProd converted
-  by `_unsorted_segment_prod`. tf2onnx reads the tensors' shapes with tf.lite.Interpreter,
-  deprecated since TensorFlow 2.20: it is handed LiteRT's, the same API, meanwhile."""
+  by `_unsorted_segment_prod`, Select and SelectV2 by `_select`. tf2onnx reads the tensors'
+  shapes with tf.lite.Interpreter, deprecated since TensorFlow 2.20: it is handed LiteRT's,
+  the same API, meanwhile."""
   convert = _require("tf2onnx.convert")
   import tensorflow as tf
   with mock.patch.object(tf.lite, "Interpreter", tflite.litert("interpreter").Interpreter):
     model, _ = convert.from_tflite(
         tflite_file, opset=opset,
-        custom_op_handlers={"UnsortedSegmentProd": (_unsorted_segment_prod, [])})
+        custom_op_handlers={"UnsortedSegmentProd": (_unsorted_segment_prod, []),
+                            "Select": (_select, []), "SelectV2": (_select, [])})
   return model
 
 
