@@ -179,10 +179,12 @@ def left_as_is(args: argparse.Namespace) -> int:
   return 130
 
 
-def follow(job: Job, request_first: bool) -> int:
-  """Runs the job to its end through every restart it needs; the exit status."""
+def follow(job: Job, first: str) -> int:
+  """Runs the job to its end through every restart it needs; the exit status. `first`: "request"
+  the slices, "wait" for the queued resource there to become active (then start the job), or
+  "watch" the job running there."""
   try:
-    return _follow(job, request_first)
+    return _follow(job, first)
   except KeyboardInterrupt:
     return left_as_is(job.args)
 
@@ -220,14 +222,19 @@ def _next(job: Job, trouble: str, times: int) -> _Next:
                handover=common.lock_handover(job.args.workdir))
 
 
-def _follow(job: Job, request_first: bool) -> int:
-  restarts, last, times, then = 0, None, 0, _Next(True, {})
+def _follow(job: Job, first: str) -> int:
+  restarts, last, times = 0, None, 0
+  # A queued resource waiting (a follower stopped in the wait) holds no slice: no job runs.
+  then = _Next(True, common.lock_handover(job.args.workdir) if first == "wait" else {})
   why = "the first request"
   seen = Progress.read(job.args.workdir).attempts
   while True:
     trouble = None
-    if request_first or restarts:
-      if then.fresh:
+    if first != "watch" or restarts:
+      if first == "wait" and not restarts:
+        say(f"queued resource {job.args.name} is not active yet: waiting, then starting the job")
+        queued.wait_active(job.args, say, job.poll_s)
+      elif then.fresh:
         request(job, why)
       else:
         say("running the job again on the same slices, which the TPU service calls healthy")

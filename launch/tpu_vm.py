@@ -305,9 +305,12 @@ def handle_queued(args: argparse.Namespace, tpu: Slice) -> int:
   if args.dry_run:
     _queued_dry_run(args, tpu, job)
     return 0
-  _check_existing(args, queued.describe(args))
+  state = queued.describe(args)
+  _check_existing(args, state)
   if getattr(args, "recover", False):  # up --recover, watch.
-    return recover.follow(job, request_first=args.command != "watch")
+    first = ("request" if args.command != "watch" else
+             "wait" if state.name in queued.WAITING else "watch")
+    return recover.follow(job, first)
   try:
     recover.request(job, "the first request")
     job.start(True, {})
@@ -428,7 +431,8 @@ def parser() -> argparse.ArgumentParser:
     if name in ("create", "up", "watch"):
       _add_capacity_flags(s, name)
     if name in ("setup", "up", "watch"):
-      s.add_argument("--python", default="3.12", help="Python version of the workers' venv")
+      s.add_argument("--python", type=_python, default="3.12",
+                     help="Python version of the workers' venv")
     if name in ("run", "up", "watch"):
       s.add_argument("--config", required=True, type=common.nonempty,
                      help="a config of vit_jax by name (pretrain:b16,i1k) or a file, path.py[:arg]")
@@ -440,6 +444,13 @@ def parser() -> argparse.ArgumentParser:
                      "(vit-train --compile_only, which needs libtpu installed here)")
       common.add_overrides(s)
   return p
+
+
+def _python(text: str) -> str:
+  """An argparse type: a Python version for uv on the workers (3.12, 3.11.9, cpython@3.12)."""
+  if not re.fullmatch(r"((cpython|python)@?)?3\.\d+(\.\d+)?", text):
+    raise argparse.ArgumentTypeError(f"{text!r} is no Python version uv takes: e.g. 3.12")
+  return text
 
 
 def _worker(text: str) -> str:

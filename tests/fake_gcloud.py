@@ -169,7 +169,7 @@ def ssh(name: str, home: pathlib.Path, command: str) -> int:
   with State() as s:
     host = s["qr"]["hosts"][name]
   path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
-  env = {**os.environ, NODE_ENV: name, "FAKE_TPU_HOSTNAME": host, "PYTHONPATH": path}
+  env = {**os.environ, NODE_ENV: _mark(name), "FAKE_TPU_HOSTNAME": host, "PYTHONPATH": path}
   code = subprocess.run(["sh", "-c", command], cwd=home, env=env).returncode
   if "vit_jax.tools.train" in command:
     with State() as s:
@@ -180,6 +180,12 @@ def ssh(name: str, home: pathlib.Path, command: str) -> int:
   return code
 
 
+def _mark(node: str) -> str:
+  """What the node's processes carry: its name in this fake's Cloud, so that a test's event
+  kills its own processes, not those of a test beside it whose node has the same name."""
+  return f"{DIR}/{node}"
+
+
 def _is_job(cmdline: bytes) -> bool:
   """vit-train's process, not the shell around it that keeps its exit status."""
   return b"vit_jax.tools.train" in cmdline and b"train.exit" not in cmdline
@@ -187,7 +193,7 @@ def _is_job(cmdline: bytes) -> bool:
 
 def _processes(nodes: list[str], job_only: bool = False) -> list[int]:
   """The processes whose environment names one of the nodes (`job_only`: vit-train's)."""
-  marks, found = {f"{NODE_ENV}={n}".encode() for n in nodes}, []
+  marks, found = {f"{NODE_ENV}={_mark(n)}".encode() for n in nodes}, []
   for proc in pathlib.Path("/proc").iterdir():
     try:
       if (proc.name.isdigit() and set((proc / "environ").read_bytes().split(b"\0")) & marks

@@ -618,11 +618,16 @@ def _flags(script: str, command: str) -> set[str]:
   return {o for a in verbs.choices[command]._actions for o in a.option_strings}
 
 
+# tpu_vm.py's --python is the workers' Python version; multihost's and jobs', a program's path.
+BAD_TPU_VM = {"--python": (["three", "3.x", "2.7"], "is no Python version uv takes")}
+
+
 def _bad_cases():
   for verb, given in VERBS.items():
     script, command = verb.split()
     known = _flags(script, command)
-    for flag_, (values, message) in BAD.items():
+    bad = {**BAD, **BAD_TPU_VM} if script == "tpu_vm.py" else BAD
+    for flag_, (values, message) in bad.items():
       if flag_ in known:
         for value in values:
           yield pytest.param(script, command, given, flag_, value, message,
@@ -657,7 +662,7 @@ def test_every_bad_flag_of_every_verb_is_one_line_before_any_cloud_call(
 def test_every_verb_and_flag_of_the_table_is_covered():
   """The table above names every launcher verb, and each bad flag meets at least one."""
   flags = {c.values[3] for c in _bad_cases()}
-  assert flags == set(BAD)
+  assert flags == set(BAD) | set(BAD_TPU_VM)
   commands = {f"{c.values[0]} {c.values[1]}" for c in _bad_cases()}
   assert commands == set(VERBS)
   for script, verbs in (("tpu_vm.py", 7), ("multihost.py", 2), ("jobs.py", 3)):
@@ -783,3 +788,32 @@ def test_a_job_killed_on_a_vm_that_is_gone_resumes_on_the_next_one(tmp_path):
   [_, restart] = [c for c in calls if "vit_jax.tools.train" in c]
   assert "VIT_WORKDIR_LOCK_HANDOVER=" in restart and first in restart
   assert not (tmp_path / "run" / "lock").exists()
+
+
+def test_watch_waits_for_a_queued_resource_still_waiting_and_starts_the_job(tmp_path):
+  """`up --queued --recover` stopped (Ctrl-C) while the request waited for capacity: `watch`
+  waits for it too and starts the job, instead of deleting the request and queueing anew."""
+  env, folder = scripted_gcloud(tmp_path)
+  (folder / "history.json").write_text(json.dumps(
+      [{"states": ["WAITING_FOR_RESOURCES", "WAITING_FOR_RESOURCES", "ACTIVE"]}]))
+  fake = [sys.executable, "-S", str(REPO / "tests" / "fake_gcloud.py")]
+  subprocess.run([*fake, "compute", "tpus", "queued-resources", "create", "vit", "--node-id=vit"],
+                 env=env, check=True)
+  job = tmp_path / "job.py"
+  job.write_text("import os, sys\nfrom vit_jax import goodput\n"
+                 "workdir = sys.argv[sys.argv.index('--workdir') + 1]\n"
+                 "os.makedirs(workdir, exist_ok=True)\n"
+                 "with goodput.AttemptLog(workdir, 0, 2) as log:\n"
+                 "  log.step(1)\n  log.step(2, saved=True)\n")
+  python = tmp_path / "python"
+  python.write_text(f"#!/bin/sh\nexec {sys.executable} {job} \"$@\"\n")
+  python.chmod(0o755)
+  watched = launch("tpu_vm.py", "watch", "--poll-seconds", "0.05", *QUEUED, "--accelerator-type",
+                   "v5litepod-8", "--config", "quickstart", "--workdir", str(tmp_path / "run"),
+                   env=env | {"FAKE_GCLOUD_PYTHON": str(python)})
+  assert watched.returncode == 0, watched.stdout + watched.stderr
+  assert "queued resource vit is not active yet: waiting, then starting the job" in watched.stdout
+  assert re.search(r"^\[[\d :-]+\] finished at step 2", watched.stdout, re.M)
+  calls = (folder / "gcloud.log").read_text().splitlines()
+  assert sum("queued-resources create" in c for c in calls) == 1  # The one made above.
+  assert not any("delete" in c for c in calls)
