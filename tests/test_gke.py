@@ -15,10 +15,13 @@ import pytest
 import yaml
 
 import fake_kubectl
-from helpers import REPO, TINY_CONFIG, cpu_env, launch, read_scalars, run_inspect, tiny_config
+from helpers import (REPO, TINY_CONFIG, cpu_env, launch, needs_libtpu, read_scalars, run_inspect,
+                     tiny_config)
 from launch import accelerators, gke
 
 CLUSTER = ["--name", "vit", "--cluster", "c", "--location", "us-central1"]
+# A 128M-class head of width 1024: 512 GiB of parameters, more than a tpu7x-8's 8 devices hold.
+HUGE = ["--num_classes=134217728", "--config.model.hidden_size=1024"]
 TIME = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] ")
 
 
@@ -210,7 +213,7 @@ def gke_up(tmp_path, history, *extra, python=None, timeout=120):
 
 
 def test_pending_then_running_then_finished(tmp_path):
-  job = stand_in(tmp_path, "echo 'step 1/12 (8.3%)' >&2; sleep 0.3")
+  job = stand_in(tmp_path, "echo 'step 1/12 (8.3%)' >&2; sleep 3")
   result, folder = gke_up(tmp_path, [{"pending": 3}], python=job)
   assert result.returncode == 0, result.stderr
   told = events(result.stdout)
@@ -339,3 +342,18 @@ def test_a_preempted_run_resumes_to_an_uninterrupted_runs_result(recovered, caps
   rc, out, _ = run_inspect(capsys, workdir)
   assert rc == 0 and re.search(r"^Goodput: 2 attempts, step 12 of 12, finished", out, re.M)
   assert re.search(r"^  waiting for capacity: .+ \(\d+\.\d%\)$", out, re.M)
+
+
+@needs_libtpu
+def test_the_preflight_compile_refuses_a_config_that_does_not_fit_before_any_kubectl(tmp_path):
+  """`up` compiles the config for the slice here first (as tpu_vm.py up does): a head that does
+  not fit TPU7x devices' 96 GiB is refused in one line; nothing applied."""
+  env, folder = scripted_cluster(tmp_path, [{}])
+  args = up_args("tpu7x-8", config=TINY_CONFIG, workdir=str(tmp_path / "run"))
+  args.remove("--no-preflight")
+  result = launch("gke.py", *args, "--", *HUGE, env=env, timeout=600)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert "--compile_only --topology tpu7x-8" in result.stderr
+  [line] = [e for e in result.stderr.splitlines() if e.startswith("error:")]
+  assert line.startswith("error: preflight for tpu7x-8: --config") and "--no-preflight" in line
+  assert calls(folder) == []
