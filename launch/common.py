@@ -61,20 +61,24 @@ def port(text: str) -> int:
   return value
 
 
-def resource_name(text: str) -> str:
-  """An argparse type: a Google Cloud resource name (a TPU VM, a queued resource)."""
-  if not re.fullmatch(r"[a-z]([-a-z0-9]{0,58}[a-z0-9])?", text):
-    raise argparse.ArgumentTypeError(
-        f"{text!r} is no Cloud TPU name: lowercase letters, digits and hyphens, starting with "
-        "a letter, not ending with a hyphen, at most 60 characters")
-  return text
+def matching(pattern: str, refusal: str) -> Callable[[str], str]:
+  """An argparse type: a text that `pattern` matches whole; else `refusal` ({text} in it)."""
+  def parse(text: str) -> str:
+    if not re.fullmatch(pattern, text):
+      raise argparse.ArgumentTypeError(refusal.format(text=repr(text)))
+    return text
+  return parse
 
 
-def project_id(text: str) -> str:
-  """An argparse type: a Google Cloud project ID (a domain-scoped one, example.com:p, too)."""
-  if not re.fullmatch(r"[a-z][-a-z0-9.:]*[a-z0-9]", text):
-    raise argparse.ArgumentTypeError(f"{text!r} is no Google Cloud project ID")
-  return text
+# A Google Cloud resource name (a TPU VM, a queued resource; NAME-N for N slices).
+resource_name = matching(r"[a-z]([-a-z0-9]{0,58}[a-z0-9])?",
+                         "{text} is no Cloud TPU name: lowercase letters, digits and hyphens, "
+                         "starting with a letter, not ending with a hyphen, at most 60 characters")
+# A Google Cloud project ID (a domain-scoped one, example.com:p, too).
+project_id = matching(r"[a-z][-a-z0-9.:]*[a-z0-9]", "{text} is no Google Cloud project ID")
+# A SLURM time limit in one of sbatch's forms (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS).
+slurm_time = matching(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|UNLIMITED|INFINITE",
+                      "{text} is no SLURM time limit: e.g. 90, 24:00:00 or 2-00:00:00")
 
 
 def nonempty(text: str) -> str:
@@ -144,15 +148,6 @@ def add_slurm_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--account")
   parser.add_argument("--time", type=slurm_time, help="time limit, e.g. 24:00:00")
   parser.add_argument("--job-name", type=nonempty, default="vit_jax")
-
-
-def slurm_time(text: str) -> str:
-  """An argparse type: a time limit in one of sbatch's forms (MM, MM:SS, HH:MM:SS, D-HH,
-  D-HH:MM, D-HH:MM:SS; or UNLIMITED)."""
-  if not re.fullmatch(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|UNLIMITED|INFINITE", text):
-    raise argparse.ArgumentTypeError(f"{text!r} is no SLURM time limit: e.g. 90, 24:00:00 or "
-                                     "2-00:00:00")
-  return text
 
 
 def slurm_options(args: argparse.Namespace) -> list[str]:

@@ -188,28 +188,15 @@ def run_commands(args: argparse.Namespace, tpu: Slice,
 
 
 def preflight(args: argparse.Namespace) -> None:
-  """`vit-train --compile_only` for the accelerator type, here, before any gcloud command: the
-  config's train and eval steps compiled for the slice's TPUs (libtpu, no TPU). Its report
-  goes to stderr (a dry run's stdout stays the commands); a config that does not fit, or
-  does not compile, stops the launch with vit-train's one line."""
+  """`vit-train --compile_only` for the accelerator type (and --num-slices), here, before any
+  gcloud command (common.preflight), where tpu_specs has the chip's figures."""
   generation = args.accelerator_type.rsplit("-", 1)[0]
   if generation not in tpu_specs.BY_CLOUD_PREFIX:
     print(f"preflight: skipped, no chip figures for {generation} (vit_jax/train/tpu_specs.py)",
           file=sys.stderr, flush=True)
     return
-  check = [sys.executable, "-m", "vit_jax.tools.train", "--config", args.config,
-           "--compile_only", "--topology", args.accelerator_type, *args.overrides]
-  print(f"preflight: {shlex.join(check)}", file=sys.stderr, flush=True)
-  path = os.pathsep.join(filter(None, [str(common.REPO), os.environ.get("PYTHONPATH")]))
-  result = subprocess.run(check, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=path))  # This checkout's vit_jax.
-  sys.stderr.write(result.stdout)
-  if result.returncode != 0:
-    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    why = lines[-1].removeprefix("error: ") if lines else (
-        f"exited with status {result.returncode}: {result.stderr.strip()[-2000:]}")
-    raise LaunchError(f"preflight for {args.accelerator_type}: {why} (--no-preflight skips "
-                      "this check)")
+  common.preflight(args.config, args.accelerator_type, args.overrides,
+                   getattr(args, "num_slices", 1))
 
 
 def logs_commands(args: argparse.Namespace) -> list[list[str]]:
@@ -446,11 +433,9 @@ def parser() -> argparse.ArgumentParser:
   return p
 
 
-def _python(text: str) -> str:
-  """An argparse type: a Python version for uv on the workers (3.12, 3.11.9, cpython@3.12)."""
-  if not re.fullmatch(r"((cpython|python)@?)?3\.\d+(\.\d+)?", text):
-    raise argparse.ArgumentTypeError(f"{text!r} is no Python version uv takes: e.g. 3.12")
-  return text
+# The workers' venv Python, as uv takes it (3.12, 3.11.9, cpython@3.12).
+_python = common.matching(r"((cpython|python)@?)?3\.\d+(\.\d+)?",
+                          "{text} is no Python version uv takes: e.g. 3.12")
 
 
 def _worker(text: str) -> str:

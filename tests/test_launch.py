@@ -343,6 +343,13 @@ def test_requests_the_tpu_service_would_refuse_stop_before_any_gcloud_command(
   assert not log.exists()
 
 
+def _executable(path, text: str):
+  """A script at `path` (a stand-in for the workers' Python, or its wrapper)."""
+  path.write_text(text)
+  path.chmod(0o755)
+  return path
+
+
 def _queued_up(tmp_path, history, *extra, python: str | None = None):
   """`up --queued` against a scripted history; (result, the gcloud calls)."""
   env, folder = scripted_gcloud(tmp_path)
@@ -378,9 +385,7 @@ def test_a_job_that_fails_the_same_way_again_is_a_bug_not_capacity(tmp_path):
   """The job (a stand-in that exits 3 at once) fails on a healthy slice: it runs again there,
   fails again, so new slices are asked for; failing there too, without progress, the launcher
   stops, exit 1, instead of asking for capacity for ever."""
-  crash = tmp_path / "crash"
-  crash.write_text("#!/bin/sh\nexit 3\n")
-  crash.chmod(0o755)
+  crash = _executable(tmp_path / "crash", "#!/bin/sh\nexit 3\n")
   result, calls = _queued_up(tmp_path, [{"states": ["ACTIVE"]}] * 3, "--recover",
                              python=str(crash))
   assert result.returncode == 1, result.stderr
@@ -401,9 +406,8 @@ def test_a_job_that_fails_the_same_way_again_is_a_bug_not_capacity(tmp_path):
 def test_a_job_that_refuses_its_input_stops_at_once(tmp_path):
   """vit-train's exit status 2 (a flag, a config or the workdir refused in one line) is the
   same on any slice: no rerun, no new slice."""
-  refuse = tmp_path / "refuse"
-  refuse.write_text("#!/bin/sh\necho 'error: --config.batch_size: no' >&2\nexit 2\n")
-  refuse.chmod(0o755)
+  refuse = _executable(tmp_path / "refuse",
+                       "#!/bin/sh\necho 'error: --config.batch_size: no' >&2\nexit 2\n")
   result, calls = _queued_up(tmp_path, [{"states": ["ACTIVE"]}] * 2, "--recover",
                              python=str(refuse))
   assert result.returncode == 1, result.stderr
@@ -447,9 +451,7 @@ def test_each_way_a_job_stops_short_is_told_and_the_slice_asked_for_again(
   asks for the slice again, and ends where the next request fails. A job that ended on a
   healthy slice (a crash, a restart of the machine) runs there again first, and meets the
   event again."""
-  job = tmp_path / "job"
-  job.write_text("#!/bin/sh\necho 'step 1/12 (8.3%)'\nsleep 60\n")
-  job.chmod(0o755)
+  job = _executable(tmp_path / "job", "#!/bin/sh\necho 'step 1/12 (8.3%)'\nsleep 60\n")
   history = [{"states": ["ACTIVE"], "then": {"at_step": 1, "event": event, "signal": "KILL"}},
              {"states": ["FAILED"], "error": "no capacity"}]
   result, calls = _queued_up(tmp_path, history, "--recover", python=str(job))
@@ -511,9 +513,7 @@ def test_a_node_stopping_is_a_preemption_once_its_queued_resource_says_so(
 def test_watch_follows_a_job_started_before(tmp_path):
   """`up --queued` starts the job and returns; `watch`, with the same flags, finds it ended
   short (a stand-in exiting 3) and, with no restart allowed, says so."""
-  crash = tmp_path / "crash"
-  crash.write_text("#!/bin/sh\nexit 3\n")
-  crash.chmod(0o755)
+  crash = _executable(tmp_path / "crash", "#!/bin/sh\nexit 3\n")
   started, calls = _queued_up(tmp_path, [{"states": ["ACTIVE"]}], python=str(crash))
   assert started.returncode == 0 and "Started. Follow it:" in started.stdout
   env, folder = scripted_gcloud(tmp_path)  # The same fake Cloud, in the state `up` left.
@@ -698,9 +698,7 @@ def test_watch_logs_and_delete_never_create_capacity(tmp_path, command, extra):
 def test_a_failed_queued_resource_is_deleted_so_running_again_asks_anew(tmp_path):
   """Its message says "run again": the name is free for it, and the same command asks anew."""
   history = [{"states": ["FAILED"], "error": "Quota exceeded"}, {"states": ["ACTIVE"]}]
-  job = tmp_path / "job"
-  job.write_text("#!/bin/sh\nexit 0\n")
-  job.chmod(0o755)
+  job = _executable(tmp_path / "job", "#!/bin/sh\nexit 0\n")
   result, calls = _queued_up(tmp_path, history, python=str(job))
   [line] = result.stderr.splitlines()
   assert result.returncode == 1 and "is FAILED (Quota exceeded) after 0s (deleted): " in line
@@ -768,9 +766,8 @@ def test_a_job_killed_on_a_vm_that_is_gone_resumes_on_the_next_one(tmp_path):
   PID ... on host t1v-n-...") and the launcher called it a failure of the run."""
   job = tmp_path / "stand_in.py"
   job.write_text(STAND_IN)
-  python = tmp_path / "python"
-  python.write_text(f"#!/bin/sh\nexec {sys.executable} {job} \"$@\"\n")
-  python.chmod(0o755)
+  python = _executable(tmp_path / "python",
+                       f"#!/bin/sh\nexec {sys.executable} {job} \"$@\"\n")
   history = [{"states": ["ACTIVE"], "then": {"at_step": 1, "event": "maintenance",
                                              "signal": "KILL"}},
              {"states": ["ACTIVE"]}]
@@ -805,9 +802,8 @@ def test_watch_waits_for_a_queued_resource_still_waiting_and_starts_the_job(tmp_
                  "os.makedirs(workdir, exist_ok=True)\n"
                  "with goodput.AttemptLog(workdir, 0, 2) as log:\n"
                  "  log.step(1)\n  log.step(2, saved=True)\n")
-  python = tmp_path / "python"
-  python.write_text(f"#!/bin/sh\nexec {sys.executable} {job} \"$@\"\n")
-  python.chmod(0o755)
+  python = _executable(tmp_path / "python",
+                       f"#!/bin/sh\nexec {sys.executable} {job} \"$@\"\n")
   watched = launch("tpu_vm.py", "watch", "--poll-seconds", "0.05", *QUEUED, "--accelerator-type",
                    "v5litepod-8", "--config", "quickstart", "--workdir", str(tmp_path / "run"),
                    env=env | {"FAKE_GCLOUD_PYTHON": str(python)})
