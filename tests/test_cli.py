@@ -11,9 +11,11 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -320,3 +322,164 @@ cli.run(lambda: 3)
                        capture_output=True, text=True, timeout=60)
   assert run.returncode == 3, run.stderr[-3000:]
   assert run.stdout.splitlines() == ["pool ran", "atexit ran"], run.stdout
+
+
+# No command writes over a path it reads (cli.check_apart): every command's output flag, set
+# to an input, inside one or over one, in this process (the refusal, not the process boundary,
+# is what is tested). The table must name every console script.
+
+def _tree(root: pathlib.Path) -> dict[str, bytes]:
+  return {str(p): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _train_main(argv: list[str]) -> int:
+  """vit-train's argument checks as its entry point runs them (absl's flags reset around)."""
+  from absl import flags
+  from vit_jax.tools import train
+  flags.FLAGS.unparse_flags()
+  saved, sys.argv = sys.argv, ["vit-train", *argv]  # Where ml_collections finds overrides.
+  try:
+    train.parse_flags(sys.argv)
+    return 0
+  except SystemExit as e:
+    return e.code
+  finally:
+    sys.argv = saved
+    flags.FLAGS.unparse_flags()
+    for name in [n for n in flags.FLAGS if n.startswith("config.")]:  # Defined per parse.
+      delattr(flags.FLAGS, name)
+
+
+def _main(command: str):
+  """The command's main(argv) -> status; a cli.fail's SystemExit as the status it carries."""
+  if command == "vit-train":
+    return _train_main
+  import importlib
+  main = importlib.import_module(console_scripts()[command].split(":")[0]).main
+
+  def status(argv: list[str]) -> int:
+    try:
+      return main(argv)
+    except SystemExit as e:
+      return e.code
+  return status
+
+
+def overwrite_cases(t: pathlib.Path, model: str) -> list[tuple[str, list[str], str]]:
+  """(command, argv, what the one line names) per output flag and way of meeting an input."""
+  photos, digits = t / "photos", t / "digits"
+  run = t / "run"
+  return [
+      ("vit-predict", [model, str(photos), "--out", str(photos / "cat.png")],
+       f"--out {photos / 'cat.png'} lies inside IMAGES {photos}"),
+      ("vit-predict", [model, str(photos / "cat.png"), "--out", str(photos / "cat.png")],
+       f"--out {photos / 'cat.png'} is IMAGES {photos / 'cat.png'}"),
+      ("vit-predict", [model, f"{photos}/*.png", "--out", model], f"--out {model} is CKPT"),
+      ("vit-export", [model, model], f"OUT {model} is CHECKPOINT {model}"),
+      ("vit-export", [model, str(t / "userfile.txt"), "--format", "savedmodel"],
+       f"OUT {t / 'userfile.txt'} is a file, and a SavedModel is a folder"),
+      ("vit-fewshot", [model, f"--datasets={digits}", "--out_dir", str(digits / "train" / "r")],
+       f"--out_dir {digits / 'train' / 'r'} lies inside --datasets {digits}"),
+      ("vit-fewshot", [model, "--datasets=x", "--out_dir", str(t)], f"--out_dir {t} holds CKPT"),
+      ("vit-transfer", [model, "--suite", str(digits), "--out_dir", str(digits / "sweep")],
+       f"--out_dir {digits / 'sweep'} lies inside --suite {digits}"),
+      ("vit-train", ["--config", "tests/tiny_config.py", f"--config.data.name={digits}",
+                     "--workdir", str(digits / "train" / "run")],
+       f"--workdir {digits / 'train' / 'run'} lies inside config.data.name {digits}"),
+      ("vit-train", ["--config", "tests/tiny_config.py", f"--config.pretrained={run}/model.npz",
+                     "--config.model.num_layers=1", "--workdir", str(run)], f"--workdir {run} holds config.pretrained"),
+      ("vit-inspect", [model, "--figures", str(photos / "figs"), "--images", str(photos)],
+       f"--figures {photos / 'figs'} lies inside --images {photos}"),
+      ("vit-zoo", ["fetch", "S_16", "--zoo_dir", str(t / "zoo"), "--cache_dir",
+                   str(t / "zoo" / "cache")],
+       f"--cache_dir {t / 'zoo' / 'cache'} lies inside --zoo_dir {t / 'zoo'}"),
+  ]
+
+
+def test_no_command_writes_over_what_it_reads(tmp_path, capsys):
+  t = tmp_path
+  model = tiny_serving_checkpoint(t / "model.npz", "plain")
+  (t / "photos").mkdir()
+  Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(t / "photos" / "cat.png")
+  _folder(t / "digits", dict(train=["a", "b"], test=["a", "b"]))
+  (t / "run").mkdir()
+  shutil.copy(model, t / "run" / "model.npz")
+  (t / "userfile.txt").write_text("mine")
+  (t / "zoo").mkdir()
+  (t / "zoo" / "index.csv").write_text("name\n")
+  cases = overwrite_cases(t, model)
+  assert sorted({c for c, _, _ in cases}) == sorted(console_scripts()), "add the command"
+  before, wrong = _tree(t), []
+  for command, argv, named in cases:
+    start = time.perf_counter()
+    status = _main(command)(argv)
+    seconds = time.perf_counter() - start
+    lines = capsys.readouterr().err.strip().splitlines()
+    if (status != 2 or len(lines) != 1 or not lines[0].startswith("error: ")
+        or named not in lines[0] or seconds > 5 or _tree(t) != before):
+      wrong.append(f"{command} {argv}: status {status} in {seconds:.1f} s, files changed: "
+                   f"{_tree(t) != before}, stderr: {lines}")
+  assert not wrong, "\n".join(wrong)
+
+
+def _headless_repo(tmp_path, hub_cache, reg: int = 0) -> str:
+  """A tiny timm DINOv2 in the offline Hub cache, without a head as timm's lvd142m repos are
+  (num_classes=0), or with one and `reg` registers."""
+  from helpers import write_repo
+  from vit_jax.models import timm_models  # (conftest: torch before TensorFlow.)
+  _, timm = timm_models.import_torch()
+  from timm.models import _hub
+  kwargs = dict(img_size=28, embed_dim=32, depth=1, num_heads=2, num_classes=5 if reg else 0)
+  arch = f"vit_small_patch14_reg{reg}_dinov2" if reg else "vit_small_patch14_dinov2"
+  folder = tmp_path / f"dinov2_{reg}"
+  _hub.save_for_hf(timm.create_model(arch, pretrained=False, **kwargs), folder,
+                   model_args=kwargs, safe_serialization=True)
+  write_repo(hub_cache, f"org/dinov2_{reg}", {f: folder / f for f in os.listdir(folder)})
+  return f"hf-hub:org/dinov2_{reg}"
+
+
+def test_vit_predict_names_what_works_on_a_model_without_a_head(tmp_path, hub_cache, capsys):
+  spec = _headless_repo(tmp_path, hub_cache)
+  Image.new("RGB", (40, 40)).save(tmp_path / "a.png")
+  status = _main("vit-predict")([spec, str(tmp_path / "a.png")])
+  [line] = capsys.readouterr().err.strip().splitlines()
+  assert status == 2 and line.startswith(f"error: {spec} has no classifier head"), line
+  assert "vit-fewshot" in line and "vit-transfer" in line and "head=False" in line
+
+
+def run_refusals(tmp_path: pathlib.Path, repo: str) -> list[tuple[list[str], str]]:
+  """vit-train's arguments refused before its workdir, each (argv, what the line names)."""
+  return [
+      (["--config", "finetune:b16"], "--config finetune:b16: ValueError: not enough values to "
+       "unpack (expected 2, got 1); accepted: finetune:MODEL,DATASET (e.g. finetune:b16,"),
+      (["--config", "pretrain:b16,nosuch"], "--config pretrain:b16,nosuch: ValueError: Unknown "
+       "pre-training dataset 'nosuch'; known: i1k, i21k; accepted: pretrain:MODEL,i1k, "
+       "pretrain:MODEL,i21k"),
+      (["--config", "augreg_pretrain:b16"], "accepted: augreg_pretrain:MODEL,i1k|i21k,none|"),
+      (["--config", "tests/tiny_config.py", "--topology", "v5e:2x2"],
+       "--topology=v5e:2x2: applies to a compile for a TPU slice (--compile_only or --plan)"),
+      (["--config", "tests/tiny_config.py", "--num_slices=2"], "add --compile_only, or drop "
+       "--num_slices"),
+      (["--config", "tests/tiny_config.py", f"--config.pretrained={repo}",
+        "--config.model.num_registers=2"], f"--config.model.num_registers=2: {repo}'s arrays "
+       "have num_registers=4, so they cannot load into this model; leave "
+       "config.model.num_registers unset (the run takes the checkpoint's model) or set it to 4"),
+      (["--config", "tests/tiny_config.py", f"--config.pretrained={repo}"],
+       f"config.model.mlp_dim=64: {repo}'s arrays have mlp_dim=128"),  # The config file's.
+  ]
+
+
+def test_vit_train_refuses_before_its_workdir_in_one_line(tmp_path, hub_cache, capsys):
+  repo = _headless_repo(tmp_path, hub_cache, reg=4)
+  wrong = []
+  for argv, named in run_refusals(tmp_path, repo):
+    workdir = tmp_path / "w"
+    start = time.perf_counter()
+    status = _train_main([*argv, "--workdir", str(workdir)])
+    seconds = time.perf_counter() - start
+    lines = capsys.readouterr().err.strip().splitlines()
+    if (status != 2 or len(lines) != 1 or named not in lines[0] or workdir.exists()
+        or seconds > 5):
+      wrong.append(f"{argv}: status {status} in {seconds:.1f} s, workdir left: "
+                   f"{workdir.exists()}, stderr: {lines}")
+  assert not wrong, "\n".join(wrong)

@@ -64,3 +64,36 @@ def test_a_plan_tries_fsdp_remat_and_accumulation_together_last():
   assert len(found) == compile_check.MAX_CANDIDATES
   assert found[-1] == {"mesh.data": -1, "mesh.fsdp": 8, "model.remat": True, "accum_steps": 4}
 
+
+
+@needs_libtpu
+@pytest.mark.parametrize("name, chips", [("v5e:1x1", 1), ("v5litepod-1", 1), ("v5e:1x2", 2),
+                                         ("v6e-1", 1)])
+def test_slices_below_a_host_of_four_chips_exist(name, chips):
+  """libtpu's default host is 2x2x1: v5litepod-1 and v5litepod-2 were refused, with a message
+  that listed v5e:1x1 among the sizes that exist."""
+  from vit_jax.train import compile_check
+  topology = compile_check.resolve_topology(name)
+  assert (topology.chips, topology.hosts) == (chips, 1)
+
+
+@needs_libtpu
+def test_a_hopeless_batch_is_refused_from_its_shapes_before_any_compile(monkeypatch):
+  """A 16M-image batch: `--compile_only` took 101 s of compiles to say "use a bigger slice";
+  the count of what the backward pass keeps refuses it at once, naming a batch to use."""
+  import time
+  from vit_jax import configs
+  from vit_jax.config_errors import ConfigError
+  from vit_jax.train import compile_check
+  c = configs.get_config("finetune:b16,cifar10")
+  c.batch_size = 16_777_216
+  topology = compile_check.resolve_topology("v5e:2x2")
+  monkeypatch.setattr(compile_check, "attempt", lambda *a, **k: pytest.fail("compiled"))
+  start = time.perf_counter()
+  with pytest.raises(ConfigError, match=r"^config\.batch_size=16777216: at least [\d,]+ GiB per "
+                     r"device \([\d,]+x its 16 GiB of HBM\).*use a smaller batch \(above "
+                     r"[\d,]+ images cannot fit v5e:2x2\), e\.g\. --config\.batch_size=\d+$"):
+    compile_check.check_not_hopeless(c, topology, 10)
+  assert time.perf_counter() - start < 5
+  c.batch_size = 512  # The recipe's: left to the compiles.
+  compile_check.check_not_hopeless(c, topology, 10)

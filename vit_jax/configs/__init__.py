@@ -9,9 +9,12 @@ import ast
 import importlib
 import importlib.util
 import pathlib
+import re
 import types
 
 import ml_collections
+
+from vit_jax.config_errors import ConfigError
 
 _DIR = pathlib.Path(__file__).resolve().parent
 
@@ -90,4 +93,27 @@ def get_config(spec: str) -> ml_collections.ConfigDict:
   module = _load(path)
   if not callable(getattr(module, "get_config", None)):
     raise ValueError(f"{path} defines no get_config(arg), so it is not a config file. {_hint()}")
-  return module.get_config() if arg is None else module.get_config(arg)
+  try:
+    return module.get_config() if arg is None else module.get_config(arg)
+  except Exception as e:  # noqa: BLE001  Whatever a config's get_config says of its ARG.
+    raise ConfigError(f"--config {spec}: {_reason(e)}; {accepted_forms(spec)}") from None
+
+
+def accepted_forms(spec: str) -> str:
+  """What `--config` takes for the config of `spec`: a shipped config's ARG_FORMS, else how a
+  file's get_config is called."""
+  head = spec.partition(":")[0]
+  path = resolve(head)[0]
+  forms = getattr(_load(path), "ARG_FORMS", None)
+  name = path.stem if path.parent == _DIR else head
+  if forms:
+    return "accepted: " + ", ".join(f"{name}:{f}" if f else name for f in forms)
+  return f"the file's get_config(ARG) is called with what follows the ':' ({name}:ARG)"
+
+
+def _reason(e: Exception) -> str:
+  """An exception of a config's get_config in a few words: its message, else its type."""
+  message = " ".join(str(e).split()).removeprefix(f"{type(e).__name__}: ").rstrip(".")
+  if isinstance(e, ConfigError):
+    return re.sub(r"^--config \S+: ", "", message)
+  return f"{type(e).__name__}: {message}" if message else type(e).__name__

@@ -48,6 +48,8 @@ AUGS = {
 }
 # The paper's models that the registry has (the zoo's file names use these).
 MODELS = ("ti16", "s16", "s32", "b16", "b32", "b8", "l16", "r_ti16", "r26_s32", "r50_l32")
+ARG_FORMS = (f"MODEL,{'|'.join(DATASETS)},{'|'.join(AUGS)} (e.g. augreg_pretrain:b16,i21k,"
+             "medium1)",)
 
 
 def get_config(arg: str = "b16,i21k,medium1"):

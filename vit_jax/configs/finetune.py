@@ -13,6 +13,9 @@ TOTAL_STEPS = {"cifar10": 10_000, "cifar100": 10_000, "imagenet2012": 20_000,
 EVAL_SPLITS = {"imagenet2012": "validation"}
 IMAGE_SIZE = 384
 WARMUP_STEPS = 500
+# What `--config finetune:ARG` takes (configs.accepted_forms).
+ARG_FORMS = ("MODEL,DATASET (e.g. finetune:b16,cifar10; DATASET: a TFDS name or an image "
+             "folder)",)
 
 
 def get_config(arg: str = "b16,cifar10"):

@@ -14,6 +14,7 @@ DATASETS = {
     "i21k": dict(name="imagenet21k", train_split="full[102400:]", eval_split="full[:102400]",
                  num_epochs=90, lr=1e-3, weight_decay=0.03, loss="sigmoid_xent"),
 }
+ARG_FORMS = tuple(f"MODEL,{d}" for d in DATASETS)  # e.g. pretrain:b16,i21k.
 
 
 def get_config(arg: str = "b16,i1k"):

@@ -10,6 +10,7 @@ from vit_jax.train.config import base_config
 # install included; `long` is the earlier recipe, 2.8x the training time for +0.9 points
 # (benchmarks/README.md has both measured).
 RECIPES = {None: (2, 6), "long": (4, 9)}
+ARG_FORMS = ("", "long")  # quickstart, quickstart:long.
 
 
 def get_config(arg: str | None = None):

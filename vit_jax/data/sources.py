@@ -103,6 +103,12 @@ class TfdsSource:
       raise DataOptionError(
           "{name}={value!r} is neither a TFDS dataset nor an existing directory.{hint} "
           + _HOW_TO_SUPPLY, value=name, hint=hint, dataset="DATASET") from None
+    except ValueError as e:  # A name TFDS cannot parse: `cifar10=3`.
+      if "builder name" not in str(e):
+        raise
+      raise DataOptionError(
+          "{name}={value!r} is neither a TFDS name (DATASET[/CONFIG][:VERSION]) nor an existing "
+          "directory. " + _HOW_TO_SUPPLY, value=name, dataset="DATASET") from None
     if not self._builder.is_prepared():
       if getattr(self._builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None):
         root = str(self._builder.data_dir_root)

@@ -11,6 +11,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vit_jax import checkpoint
+from vit_jax.models import footprint
 from vit_jax.serving import formats
 from vit_jax.serving.formats import Runner
 
@@ -29,10 +30,22 @@ def jax_runner(loaded: checkpoint.Loaded) -> Runner:
     x = images.astype(jnp.float32) * scale + offset  # Per channel, as pp.affine_map.
     return model.apply({"params": params}, x, train=False)
 
+  free = footprint.available_bytes(devices[0])  # With the params in place.
+
   def run(images):
-    n, pad = len(images), -len(images) % len(devices)  # Padded to split over the devices.
-    images = np.concatenate([images, np.zeros((pad, *images.shape[1:]), images.dtype)])
-    return logits(params, jax.device_put(images, NamedSharding(mesh, PartitionSpec("data"))))[:n]
+    """In calls of as many images as the memory here holds (a ViT-L/14 at 518 px takes
+    ~0.5 GB an image), each padded to split over the devices."""
+    n = len(images)
+    step = footprint.batch_for(model, loaded.image_size, n + -n % len(devices), len(devices),
+                               free)
+    out = []
+    for i in range(0, n, step):
+      chunk = images[i:i + step]
+      pad = -len(chunk) % (step if n > step else len(devices))  # One shape for every call.
+      chunk = np.concatenate([chunk, np.zeros((pad, *chunk.shape[1:]), chunk.dtype)])
+      out.append(np.asarray(logits(params, jax.device_put(
+          chunk, NamedSharding(mesh, PartitionSpec("data")))))[:len(chunk) - pad])
+    return np.concatenate(out)
 
   return Runner("jax", loaded.image_size, model.num_classes, run, loaded.source,
                 loaded.description)

@@ -126,6 +126,60 @@ def check_owned(flag: str, path: str, owned: Callable[[str], bool], what: str) -
                   f"it writes {what}: give a new or empty folder")
 
 
+def check_apart(flag: str, out: str | None, inputs: Mapping[str, Sequence[str]],
+                file_out: bool = False) -> None:
+  """Refuses, in one line naming both flags, an output path (`flag`'s) that is one of the
+  paths the command reads (`inputs`: each flag's paths, globs expanded here), lies inside one
+  (writing into the data or a checkpoint's folder) or holds one (a folder the command writes
+  and prunes): no command writes over what it reads. A new file (`file_out`: the output is
+  one file) may go into a folder of inputs; an existing one there may be one of them. Hub and
+  AugReg specs, and local paths that do not exist (a TFDS name), are no paths it reads; URLs
+  are compared as written."""
+  if not out:
+    return
+  where = _place(out)
+  for source, paths in inputs.items():
+    for path in (p for spec in paths if spec for p in _expanded(spec)):
+      read = _place(path)
+      if where is None or read is None or ("://" not in read and not os.path.exists(read)):
+        continue  # A missing input is refused where it is read; a TFDS name is no path.
+      if where == read:
+        how = "is"
+      elif _under(where, read) and not (file_out and not os.path.exists(where)):
+        how = "lies inside"
+      elif _under(read, where):
+        how = "holds"
+      else:
+        continue
+      raise OSError(f"{flag} {out} {how} {source} {path}, which this command reads: writing "
+                    f"there would overwrite or change its input; give {flag} a path apart "
+                    "from every input")
+
+
+def _place(path: str) -> str | None:
+  """A local path, through symbolic links, or a URL as written; None for a Hub or AugReg spec."""
+  from vit_jax.checkpoint import specs  # Here, not on import: the package takes seconds.
+  bare = specs.without_ema(path)
+  if "://" in bare:
+    return bare.rstrip("/")
+  if not specs.is_local(path):
+    return None
+  return os.path.realpath(os.path.expanduser(bare))
+
+
+def _under(inner: str, outer: str) -> bool:
+  sep = "/" if "://" in outer else os.sep
+  return inner.startswith(outer.rstrip(sep) + sep)
+
+
+def _expanded(spec: str) -> list[str]:
+  """A glob's matches (the spec itself where it matches nothing), or the path."""
+  import glob
+  if glob.has_magic(spec) and "://" not in spec:
+    return sorted(glob.glob(os.path.expanduser(spec), recursive=True)) or [spec]
+  return [spec]
+
+
 def check_counts(args: argparse.Namespace, minimums: Mapping[str, int]) -> None:
   """Refuses, in one line naming the flag, a count flag (an int or a list of ints; None: not
   given) below its minimum: before any work, not as a late failure or a meaningless row."""

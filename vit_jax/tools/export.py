@@ -73,8 +73,12 @@ def main(argv: list[str]) -> int:
   cli.check_checkpoints([args.checkpoint, args.base or ""])
   # Before minutes of conversion: where the file goes (a SavedModel is a folder itself).
   cli.check_output_dir("OUT", os.path.dirname(os.path.abspath(args.out)))
+  cli.check_apart("OUT", args.out, {"CHECKPOINT": [args.checkpoint], "--base": [args.base]})
   if os.path.isdir(args.out) and args.format != "savedmodel":
     cli.fail(f"OUT {args.out} is a folder: give the {args.format} file's path")
+  if os.path.exists(args.out) and not os.path.isdir(args.out) and args.format == "savedmodel":
+    cli.fail(f"OUT {args.out} is a file, and a SavedModel is a folder: give a new or empty "
+             "folder's path (the file is left as it is)")
   if args.format == "savedmodel":
     cli.check_owned("OUT", args.out, SAVEDMODEL_ENTRIES.__contains__, "a SavedModel")
   elif os.path.isfile(args.out) and not written_by_export(args.out, args.format):

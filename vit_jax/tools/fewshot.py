@@ -72,10 +72,12 @@ def _plot(rows: list[dict], datasets: list[str], path: str) -> None:
 
 def _probe(path: str, model_name: str | None, image_size: int | None, datasets: Callable,
            shots: Sequence[int], seeds: int, l2_regs: Sequence[float], failures: dict[str, str],
-           base: str | None = None, representation: str = "pre_logits") -> list[dict]:
+           base: str | None = None, representation: str = "pre_logits",
+           batch_size: int = 256) -> list[dict]:
   """One checkpoint's rows, on the datasets preprocessed as its description says (at
-  `image_size`, else at its own resolution); a job per dataset, its failures in `failures`
-  (`CKPT on DATASET`, or `CKPT` where it cannot be loaded)."""
+  `image_size`, else at its own resolution) in batches its forward pass fits in memory (up to
+  `batch_size`); a job per dataset, its failures in `failures` (`CKPT on DATASET`, or `CKPT`
+  where it cannot be loaded)."""
   from vit_jax import models
   ckpt = jobs.attempt(path, lambda: checkpoint.load(
       path, model_name and models.resolve_name(model_name), image_size=image_size, head=False,
@@ -86,8 +88,10 @@ def _probe(path: str, model_name: str | None, image_size: int | None, datasets: 
       path, lambda: fewshot_lsr.representation_fn(ckpt.model, representation), failures)
   if features is None:
     return []
+  batch = _batch(ckpt, batch_size)
   evaluator = fewshot_lsr.FewShotEvaluator(
-      features, datasets(ckpt.image_size, ckpt.description.preprocessing), shots, seeds, l2_regs)
+      features, datasets(ckpt.image_size, ckpt.description.preprocessing, batch), shots, seeds,
+      l2_regs)
   rows = []
   for name in evaluator.datasets:
     for r in jobs.attempt(f"{path} on {name}", lambda: evaluator.run_dataset(ckpt.params, name),
@@ -98,6 +102,20 @@ def _probe(path: str, model_name: str | None, image_size: int | None, datasets: 
       print(f"  {r.dataset} {r.shots:>3}-shot: {100 * r.mean:.2f} ± {100 * r.std:.2f} "
             f"(l2={r.l2:g})", flush=True)
   return rows
+
+
+def _batch(ckpt: "checkpoint.Loaded", wanted: int) -> int:
+  """The images a forward pass of the checkpoint's model takes at once here, said if fewer
+  than `wanted` (--batch_size): 256 images of a ViT-L/14 at 518 px need ~140 GB."""
+  import jax
+  from vit_jax.models import footprint
+  free = footprint.available_bytes()
+  batch = footprint.batch_for(ckpt.model, ckpt.image_size, wanted, jax.device_count(), free)
+  if batch < wanted:
+    each = footprint.forward_bytes_per_image(ckpt.model, ckpt.image_size)
+    print(f"  batches of {batch} images (not --batch_size={wanted}): ~{footprint.gib(each)} "
+          f"an image at {ckpt.image_size} px, {footprint.gib(free)} free", flush=True)
+  return batch
 
 
 def check_shots(datasets: Sequence[str], data_dir: str | None, train_split: str,
@@ -128,18 +146,19 @@ def sweep(checkpoints: Sequence[str], model_name: str | None, datasets: Sequence
   batch_sharding = sharding.batch_sharding(sharding.make_mesh())
 
   @functools.cache
-  def batches(size: int, preprocessing: checkpoint.Preprocessing) -> dict:
+  def batches(size: int, preprocessing: checkpoint.Preprocessing, batch: int) -> dict:
     return fewshot_lsr.fewshot_datasets(datasets, data_dir, train_split, test_split, size,
-                                        batch_size, batch_sharding, preprocessing, download)
+                                        batch, batch_sharding, preprocessing, download)
 
   # Reads only the datasets' metadata: a dataset that cannot be read fails here, once.
-  batches(image_size or checkpoint.description.DEFAULT_IMAGE_SIZE, checkpoint.Preprocessing())
+  batches(image_size or checkpoint.description.DEFAULT_IMAGE_SIZE, checkpoint.Preprocessing(),
+          batch_size)
   check_shots(datasets, data_dir, train_split, shots, download)
   rows, failures = [], {}
   for i, path in enumerate(checkpoints):
     print(f"[{i + 1}/{len(checkpoints)}] {path}", flush=True)
     rows += _probe(path, model_name, image_size, batches, shots, seeds, l2_regs, failures, base,
-                   representation)
+                   representation, batch_size)
   write_reports(rows, failures, out_dir)
   return rows, failures
 
@@ -193,6 +212,9 @@ def main(argv: list[str]) -> int:
   cli.check_counts(args, dict(shots=1, seeds=1, batch_size=1, image_size=1))
   fewshot_lsr.check_l2(args.l2)
   cli.check_output_dir("--out_dir", args.out_dir)
+  cli.check_apart("--out_dir", args.out_dir, {
+      "CKPT": paths, "--datasets": args.datasets.split(","), "--data_dir": [args.data_dir],
+      "--base": [args.base]})
   cli.check_owned("--out_dir", args.out_dir, OUTPUTS.__contains__, ", ".join(OUTPUTS))
   cli.route_logs(verbose=args.verbose)
   cli.start_tensorflow()

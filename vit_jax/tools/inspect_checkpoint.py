@@ -281,6 +281,9 @@ def main(argv: list[str]) -> int:
   cli.check_counts(args, dict(num_images=1, batch_size=1))
   if args.figures:
     cli.check_output_dir("--figures", args.figures)
+    cli.check_apart("--figures", args.figures, {
+        "CKPT": [args.checkpoint], "--images": [args.images], "--data_dir": [args.data_dir],
+        "--base": [args.base]})
   cli.route_logs(verbose=args.verbose)
   if formats.format_of(args.checkpoint):
     cli.start_tensorflow(datasets=False)

@@ -152,6 +152,9 @@ def main(argv: list[str]) -> int:
   cli.check_checkpoints([args.checkpoint, args.base or ""])
   if args.out:
     cli.check_output_dir("--out", os.path.dirname(os.path.abspath(args.out)))
+    cli.check_apart("--out", args.out, {"CKPT": [args.checkpoint], "IMAGES": args.images,
+                                        "--labels": [args.labels], "--base": [args.base]},
+                    file_out=True)
   cli.route_logs(verbose=args.verbose)
   cli.start_tensorflow(datasets=False)  # Images are found and decoded as the pipeline does.
   paths, unmatched, others = image_files.find_images(args.images)
@@ -164,6 +167,12 @@ def main(argv: list[str]) -> int:
   load_kwargs = {k: v for k, v in (("model_name", args.model_name),
                                    ("image_size", args.image_size), ("base", args.base)) if v}
   runner = runners.open_model(args.checkpoint, **load_kwargs)
+  if not runner.num_classes:  # DINOv2's and DINOv3's repos: the encoder alone.
+    return cli.input_error(
+        f"{args.checkpoint} has no classifier head (a feature extractor, as DINOv2's and "
+        "DINOv3's repos are), so there are no classes to rank: probe its features with "
+        "vit-fewshot, fine-tune a head on your classes with vit-transfer or vit-train "
+        "--config.pretrained, or take them in Python: checkpoint.load(..., head=False)")
   if runner.description and runner.description.model.get("head_bias") is False:
     return cli.input_error(
         f"{args.checkpoint}'s head has no bias: it is CLIP's projection to "

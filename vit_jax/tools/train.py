@@ -180,13 +180,15 @@ def usage() -> str:
           "absl's flags (logging among them): --helpfull")
 
 
-def _parse(argv: list[str]) -> list[str]:
+def _parse(argv: list[str], given: list[str]) -> list[str]:
+  """absl's parse of `argv` (the --config spec a file path); an error is told in the words of
+  the command line as `given`."""
   try:
     rest = FLAGS(argv)
   except SystemExit:  # Only --helpfull and its kin exit here: absl prints them, exits 1.
     sys.exit(0)
   except Exception as e:  # absl and ml_collections raise several types for a bad override.
-    cli.fail(_bad_override(argv) or str(e))
+    cli.fail(_bad_override(given) or str(e))
   return rest
 
 
@@ -200,7 +202,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   logging.info("Command: %s", shlex.join(sys.orig_argv))
   # The shipped configs import no TensorFlow (seconds): a wrong flag is told before it loads.
   with cli.native_logs():  # A config file of the user's may import it: its C++ lines.
-    rest = _parse(resolve_config_flag(argv))
+    rest = _parse(resolve_config_flag(argv), argv)
   if len(rest) > 1:  # absl hands back what is not a flag: nothing would read it.
     cli.fail(_leftover(rest[1]))
   given = config_flags.get_override_values(FLAGS["config"])
@@ -216,12 +218,22 @@ def parse_flags(argv: list[str]) -> list[str]:
     cli.fail(e)
   except FileNotFoundError as e:
     cli.fail(f"config.pretrained: {e}")
+  _check_compile_flags()
+  if FLAGS.config.get("pretrained"):
+    try:  # Its description alone, before a workdir or a compile: seconds.
+      config_lib.check_pretrained(FLAGS.config, given)
+    except cli.INPUT_ERRORS as e:
+      cli.fail(e)
   if _compiling():
     if not FLAGS.topology:
       cli.fail("--compile_only and --plan need --topology (e.g. v5e:4x4 or v5litepod-16)")
     return rest
   try:
     cli.check_output_dir("--workdir", FLAGS.workdir)
+    c = FLAGS.config
+    cli.check_apart("--workdir", FLAGS.workdir, {
+        "config.pretrained": [c.get("pretrained")], "config.data.name": [c.data.get("name")],
+        "config.data.data_dir": [c.data.get("data_dir")]})
     if not (FLAGS.distributed or FLAGS.coordinator_address):  # Else process 0's, in main.
       from vit_jax.checkpoint import workdir_lock
       workdir_lock.check_free(FLAGS.workdir)  # Before TensorFlow's and JAX's seconds.
@@ -229,6 +241,20 @@ def parse_flags(argv: list[str]) -> list[str]:
     cli.fail(e)
   cli.start_tensorflow()
   return rest
+
+
+# The flags of a compile for a TPU slice: without --compile_only or --plan, nothing reads them.
+_COMPILE_FLAGS = ("topology", "num_slices", "plan_timeout", "json", "num_classes")
+
+
+def _check_compile_flags() -> None:
+  """Refuses a compile flag given to a run that trains: it would train on this machine's
+  devices as if the flag were not there."""
+  given = [f"--{name}={FLAGS[name].value}" for name in _COMPILE_FLAGS if FLAGS[name].present]
+  if given and not _compiling():
+    cli.fail(f"{given[0]}: applies to a compile for a TPU slice (--compile_only or --plan); "
+             "without either, vit-train trains here and reads no such flag: add --compile_only, "
+             f"or drop {given[0].split('=')[0]}")
 
 
 def _leftover(arg: str) -> str:
@@ -472,6 +498,7 @@ def _compile_only() -> int:
     compile_check.take_pretrained_model(FLAGS.config)
     with cli.native_logs():  # libtpu's start-up lines, where there is no TPU.
       topology = compile_check.resolve_topology(FLAGS.topology, FLAGS.num_slices)
+    compile_check.check_not_hopeless(FLAGS.config, topology, num_classes)
     found = _search(topology, num_classes)
   except (ValueError, ConfigError) as e:
     cli.fail(e)

@@ -237,6 +237,9 @@ def main(argv: list[str]) -> int:
   lr_grid(args)
   if args.list is None and not args.dry_run and not args.launch:
     cli.check_output_dir("--out_dir", args.out_dir)
+    cli.check_apart("--out_dir", args.out_dir, {
+        "CHECKPOINT": args.checkpoints, "--suite": (args.suite or "").split(","),
+        "--data_dir": [args.data_dir]})
     cli.check_owned("--out_dir", args.out_dir, owned,
                     "results.csv, .md, .png and a folder per checkpoint")
   cli.route_logs(verbose=args.verbose)

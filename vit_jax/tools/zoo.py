@@ -188,6 +188,8 @@ def main(argv: list[str]) -> int:
   args = parser().parse_args(argv)
   if args.command == "list":
     cli.check_counts(args, dict(limit=0))
+  cli.check_apart("--cache_dir", args.cache_dir,
+                  {"--zoo_dir": [args.zoo_dir or os.environ.get("VIT_JAX_AUGREG_DIR")]})
   return args.func(args)
 
 

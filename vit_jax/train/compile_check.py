@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax import checkpoint, models
+from vit_jax.models import footprint
 from vit_jax.config_errors import ConfigError
 from vit_jax.evaluators.classification import ClassificationEvaluator
 from vit_jax.train import run_setup, trainer, tpu_specs
@@ -97,6 +98,9 @@ def resolve_topology(name: str, num_slices: int = 1) -> Topology:
   # JAX runs a v4 chip's two TensorCores as one device (megacore); libtpu's compile-only
   # topology would otherwise give one device per core.
   extra = {"chip_config_name": "megacore"} if chip.name == "v4" else {}
+  shape = tuple(int(x) for x in jax_name.split(":")[1].split("x"))
+  if chip.dims == 2 and math.prod(shape) < 4:  # Below libtpu's default host, 2x2x1: v5e:1x1.
+    extra["chips_per_host_bounds"] = (*shape, 1)
   if num_slices > 1:
     extra["num_slices"] = num_slices
   try:
@@ -388,6 +392,37 @@ class Search:
   @property
   def found(self) -> Attempt | None:
     return next((a for a in self.tried if a.fits), None)
+
+
+def check_not_hopeless(c: ml_collections.ConfigDict, topology: Topology,
+                       num_classes: int) -> None:
+  """Raises ConfigError, naming config.batch_size and the largest batch that could fit, for a
+  config that no change of the search (candidates: fsdp, remat, accum_steps) brings under the
+  chip's HBM: what the backward pass must keep of the smallest micro-batch per device, at its
+  least (footprint.kept_for_backward_bytes), is over it. From shapes alone, before any
+  compile (a 16M-image batch took 101 s of compiles to be refused)."""
+  model = run_setup.build_model(c, num_classes)
+  accum = max([c.accum_steps] + [o.get("accum_steps", 0) for o in candidates(c, topology.chips)])
+  devices = len(topology.devices)
+  per_example = footprint.kept_for_backward_bytes(model, c.data.image_size,
+                                                  jnp.dtype(c.dtype).itemsize)
+  kept = c.batch_size / (accum * devices) * per_example
+  hbm = topology.chip.hbm_bytes / topology.chip.devices_per_chip
+  if kept <= hbm:
+    return
+  largest = int(hbm // per_example) * accum * devices
+  raise ConfigError(
+      f"config.batch_size={c.batch_size}: at least {kept / tpu_specs.GiB:,.0f} GiB per device "
+      f"({kept / hbm:,.0f}x its {hbm / tpu_specs.GiB:g} GiB of HBM) for what the backward pass "
+      f"keeps at {c.data.image_size} px, whatever mesh, remat or accum_steps (up to {accum}): "
+      f"use a smaller batch (above {largest:,} images cannot fit {topology.name}), e.g. "
+      f"--config.batch_size={_smaller_batch(largest, devices * c.accum_steps)}")
+
+
+def _smaller_batch(largest: int, multiple: int) -> int:
+  """A power of two at most `largest`, split evenly over `multiple` (at least it)."""
+  batch = 1 << max(largest, 1).bit_length() - 1
+  return max(batch // multiple * multiple, multiple)
 
 
 def search(c: ml_collections.ConfigDict, topology: Topology, num_classes: int,

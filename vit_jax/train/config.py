@@ -1,5 +1,6 @@
 """The training config's defaults and its validation (before anything compiles)."""
 import collections.abc
+from collections.abc import Collection
 import types
 import typing
 from typing import Any
@@ -7,7 +8,7 @@ from typing import Any
 import ml_collections
 
 from vit_jax import data, losses, models
-from vit_jax.config_errors import check, check_known
+from vit_jax.config_errors import ConfigError, check, check_known
 from vit_jax.data import config as data_config
 from vit_jax.evaluators import registry as evaluators
 from vit_jax.models import lora
@@ -159,6 +160,40 @@ def validate(c: ml_collections.ConfigDict) -> None:
   check(c.eval_every_steps is None or c.eval_every_steps >= 1, "eval_every_steps",
         c.eval_every_steps, "must be None or >= 1")
   data_config.validate(c.data)
+
+
+# Model fields that decide which arrays a model has, or their shapes, beyond what loading
+# adapts (the patch embedding is resampled, the position embedding resized, the head
+# replaced): a config that sets one against config.pretrained's arrays cannot load them.
+FIXED_BY_ARRAYS = ("hidden_size", "mlp_dim", "num_heads", "num_layers", "resnet_layers",
+                   "resnet_width_factor", "num_registers", "layer_scale", "qkv_bias", "mlp",
+                   "mlp_norm", "attention_norm", "pre_norm")
+
+
+def check_pretrained(c: ml_collections.ConfigDict, flagged: Collection[str] = ()) -> None:
+  """Refuses, in one line naming the field and the fix, a config that contradicts
+  config.pretrained's description: a model field its arrays fix (FIXED_BY_ARRAYS), or one the
+  description records otherwise (inherit_model_fields' and resolve_value_range's checks). From
+  the description alone (no weights read) and on a copy of `c`: before a run writes anything.
+  `flagged`: the fields set on the command line (`model.hidden_size`), named first, as flags.
+  """
+  from vit_jax import checkpoint  # Here: the shipped configs import this module, not JAX.
+  from vit_jax.train import run_setup
+  parent = checkpoint.describe(c.pretrained)
+  c = c.copy_and_resolve_references()
+  run_setup.resolve_value_range(c, parent)
+  run_setup.inherit_model_fields(c, parent)
+  fields = models.model_config(c.model_name,
+                               **{k: v for k, v in c.model.items() if v is not None})
+  for field in sorted(FIXED_BY_ARRAYS, key=lambda f: f"model.{f}" not in flagged):
+    recorded, given = parent.model.get(field), fields.get(field, models.registry.default(field))
+    recorded, given = (tuple(v) if isinstance(v, list) else v for v in (recorded, given))
+    if recorded is not None and c.model.get(field) is not None and given != recorded:
+      named = f"{'--' * (f'model.{field}' in flagged)}config.model.{field}"
+      raise ConfigError(
+          f"{named}={given!r}: {c.pretrained}'s arrays have {field}={recorded!r}, "
+          f"so they cannot load into this model; leave config.model.{field} unset (the run "
+          f"takes the checkpoint's model) or set it to {recorded!r}")
 
 
 def _validate_lora(lo: ml_collections.ConfigDict, pretrained: str | None) -> None:
