@@ -164,7 +164,8 @@ def up(args: argparse.Namespace) -> int:
 
 def _target(args: argparse.Namespace, workdir: str, max_restarts: int) -> jobset.Target:
   where = f"--name {args.name} --cluster {args.cluster} --location {args.location}"
-  return jobset.Target(args.name, workdir, max_restarts, args.poll_seconds, where)
+  return jobset.Target(args.name, workdir, max_restarts, args.poll_seconds, where,
+                       watching=args.command == "watch")
 
 
 def watch(args: argparse.Namespace) -> int:

@@ -41,6 +41,7 @@ class Target:
   max_restarts: int
   poll_s: float
   where: str  # --name, --cluster and --location, for the commands it prints.
+  watching: bool = False  # Picked up by `watch`: a wait already over is not recorded again.
 
 
 def jobset_command(name: str) -> list[str]:
@@ -190,11 +191,17 @@ def _follow(target: Target) -> int:
       raise common.Failed(f"JobSet {target.name} is gone (deleted?); the run stopped at step "
                           f"{recover.Progress.read(target.workdir).step}")
     restarts = found.get("status", {}).get("restarts", 0)
+    pods = None
     if attempt is None:
-      attempt = Attempt(restarts, time.time(), "the first request")
+      why = "the first request" if restarts == 0 else f"restart {restarts}, before `watch`"
+      attempt = Attempt(restarts, time.time(), why)
+      pods = _pods(target, attempt)
+      # Scheduled before `watch` began: when is not known, so not recorded.
+      attempt.scheduled = target.watching and bool(pods) and all(
+          pod_state(p)[0] != "pending for capacity" for p in pods)
     elif restarts > attempt.restarts:
       attempt = _restarted(target, attempt, restarts)
-    _observe(target, attempt, _pods(target, attempt))
+    _observe(target, attempt, pods if pods is not None else _pods(target, attempt))
     seen = recover._announce(target.workdir, seen, before)
     if _condition(found, "Completed"):
       return _finished(target)

@@ -297,6 +297,31 @@ def test_capacity_that_never_comes_ctrl_c_leaves_the_jobset_and_watch_picks_it_u
   assert told[-1].startswith("finished at step 0")
 
 
+def test_watch_over_a_running_jobset_records_no_wait_again(tmp_path):
+  """Ctrl-C once the pods run, then `watch`: the first wait is in goodput.json once."""
+  go = tmp_path / "go"  # The stand-in runs until the test creates it.
+  env, folder = scripted_cluster(tmp_path, [{"pending": 2}], python=stand_in(
+      tmp_path, f"while [ ! -e {go} ]; do sleep 0.1; done"))
+  p = subprocess.Popen([sys.executable, str(REPO / "launch" / "gke.py"),
+                        *up_args("v5litepod-8", "--poll-seconds", "0.05",
+                                 workdir=str(tmp_path / "run"), config="quickstart")],
+                       env=env, stdout=subprocess.PIPE, text=True, cwd=REPO)
+  for line in p.stdout:
+    if "pods: 1 running" in line:
+      p.send_signal(signal.SIGINT)
+      break
+  assert p.wait(timeout=60) == 130
+  watch = subprocess.Popen([sys.executable, str(REPO / "launch" / "gke.py"), "watch", *CLUSTER,
+                            "--poll-seconds", "0.05"], env=env, stdout=subprocess.PIPE,
+                           text=True, cwd=REPO)
+  first = next(line for line in watch.stdout if TIME.match(line))
+  go.touch()
+  assert watch.wait(timeout=120) == 0
+  assert TIME.sub("", first).strip() == "pods: 1 running"
+  record = json.loads((tmp_path / "run" / "goodput.json").read_text())
+  assert [c["why"] for c in record["capacity"]] == ["the first request"]
+
+
 HISTORY = [{"pending": 2, "then": {"at_step": 5, "event": "preempt", "signal": "TERM"}},
            {"pending": 3}]
 
