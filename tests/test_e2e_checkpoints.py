@@ -71,7 +71,8 @@ def test_a_training_run_exports_from_its_workdir_and_step_dir(tmp_path, dataset,
   files = sorted(glob.glob(os.path.join(digits_folder, "test", "*", "*.png")))[:7]
   for path, fmt, out in ((tmp_path / "run", "savedmodel", tmp_path / "saved_model"),
                          (tmp_path / "run" / "checkpoints" / "2", "tflite", tmp_path / "m.tflite")):
-    loaded = convert.export(str(path), str(out), fmt)
+    loaded, checked = convert.export(str(path), str(out), fmt)
+    assert checked <= convert.TOLERANCE  # What it measured in the runtime, on its own images.
     assert loaded.model.name_in_registry == "ViT-Ti_16" and loaded.image_size == 28
     batch = np.stack([images.read_image(f, 28) for f in files])
     diff = np.abs(runners.open_model(str(out))(batch) - jax_logits(loaded, batch)).max()
@@ -150,6 +151,8 @@ def test_export_cli_writes_each_format(tmp_path, digits_folder):
                "--image_size", "48"])
   assert r.returncode == 0, r.stderr
   assert f"Wrote {out} (onnx): custom ViT; 48px; 10 classes" in r.stdout
+  assert re.search(r"\nChecked: run in its runtime, \S+ from JAX's logits \(max \|diff\| on 2 "
+                   r"images\)\n", r.stdout), r.stdout
   runner = runners.open_model(str(out))
   assert runner.image_size == 48
   loaded = checkpoint.load(path, image_size=48)

@@ -4,8 +4,11 @@ and giving JAX's logits within 1e-4 on real images (the handwritten digits of te
 batch sizes 1 and 7: the table of every format x every tiny model of TINY_SERVING_MODELS, which
 holds every GELU form, pooling, norm and position embedding the model has (`vit-export` as a
 user runs it, its check of what it wrote, and a training run exported: test_e2e_checkpoints.py)."""
+import dataclasses
 import glob
 import os
+import re
+import shutil
 
 import numpy as np
 import pytest
@@ -15,19 +18,31 @@ from vit_jax import checkpoint
 from vit_jax.serving import convert, formats, images, onnx, runners, savedmodel, tflite
 
 
+@pytest.fixture(scope="module")
+def export_kind(tmp_path_factory, digits_folder):
+  """kind -> (kind, loaded checkpoint, {format: path}, 7 real uint8 images at its resolution),
+  each tiny model exported once for the module: SavedModel, TFLite from it, ONNX from that."""
+  done = {}
+
+  def export(kind):
+    if kind not in done:
+      tmp = tmp_path_factory.mktemp(f"serving_{kind}")
+      loaded = checkpoint.load(tiny_serving_checkpoint(tmp / "model.npz", kind))
+      paths = {"savedmodel": savedmodel.save(loaded, str(tmp / "saved_model"))}
+      paths["tflite"] = tflite.from_savedmodel(paths["savedmodel"], str(tmp / "model.tflite"))
+      paths["onnx"] = onnx.from_tflite(paths["tflite"], str(tmp / "model.onnx"))
+      assert sorted(paths) == sorted(formats.FORMATS), "export the new format here"
+      files = sorted(glob.glob(os.path.join(digits_folder, "test", "*", "*.png")))[::40][:7]
+      batch = np.stack([images.read_image(f, loaded.image_size) for f in files])
+      done[kind] = kind, loaded, paths, batch
+    return done[kind]
+
+  return export
+
+
 @pytest.fixture(scope="module", params=sorted(TINY_SERVING_MODELS))
-def exported(request, tmp_path_factory, digits_folder):
-  """(kind, loaded checkpoint, {format: path}, 7 real uint8 images at its resolution)."""
-  kind = request.param
-  tmp = tmp_path_factory.mktemp(f"serving_{kind}")
-  loaded = checkpoint.load(tiny_serving_checkpoint(tmp / "model.npz", kind))
-  paths = {"savedmodel": savedmodel.save(loaded, str(tmp / "saved_model"))}
-  paths["tflite"] = tflite.from_savedmodel(paths["savedmodel"], str(tmp / "model.tflite"))
-  paths["onnx"] = onnx.from_tflite(paths["tflite"], str(tmp / "model.onnx"))
-  assert sorted(paths) == sorted(formats.FORMATS), "export the new format here"
-  files = sorted(glob.glob(os.path.join(digits_folder, "test", "*", "*.png")))[::40][:7]
-  batch = np.stack([images.read_image(f, loaded.image_size) for f in files])
-  return kind, loaded, paths, batch
+def exported(request, export_kind):
+  return export_kind(request.param)
 
 
 def test_the_tiny_models_hold_every_variant_of_the_exported_graph():
@@ -48,19 +63,18 @@ def test_the_tiny_models_hold_every_variant_of_the_exported_graph():
   assert sorted(TOLERANCE) == sorted(formats.FORMATS)
 
 
-@pytest.mark.parametrize("batch_size", [1, 7])
 @pytest.mark.parametrize("fmt", sorted(formats.FORMATS))
-def test_format_gives_jax_logits_on_real_images(exported, fmt, batch_size):
+def test_format_gives_jax_logits_on_real_images(exported, fmt):
   kind, loaded, paths, batch = exported
-  batch = batch[:batch_size]
-  want = jax_logits(loaded, batch)
-  assert want.std() > 0.1  # Logits that differ by image and class, not a zero head.
   runner = runners.open_model(paths[fmt])
   assert (runner.format, runner.image_size, runner.num_classes) == (fmt, loaded.image_size, 10)
-  got = runner(batch)
-  assert got.shape == want.shape == (batch_size, 10)
-  diff = np.abs(got - want).max()
-  assert diff <= TOLERANCE[fmt], f"{kind} {fmt} batch {batch_size}: max |diff| {diff:.2e}"
+  for batch_size in (1, 7):
+    want = jax_logits(loaded, batch[:batch_size])
+    assert want.std() > 0.1  # Logits that differ by image and class, not a zero head.
+    got = runner(batch[:batch_size])
+    assert got.shape == want.shape == (batch_size, 10)
+    diff = np.abs(got - want).max()
+    assert diff <= TOLERANCE[fmt], f"{kind} {fmt} batch {batch_size}: max |diff| {diff:.2e}"
   np.testing.assert_allclose(runners.jax_runner(loaded)(batch), want, atol=1e-5, rtol=0)
 
 
@@ -167,12 +181,12 @@ def test_headless_models_and_unknown_formats_are_refused(tmp_path):
     convert.write(checkpoint.load(path), str(tmp_path / "x"), "torchscript")
 
 
-def test_inspect_opens_each_format_and_refuses_a_truncated_one(exported, tmp_path, capsys):
+def test_inspect_opens_each_format_and_refuses_a_truncated_one(export_kind, tmp_path, capsys):
   """vit-inspect reports an exported model only once its runtime opened it: cut to half, each
   format is one `error:` line and status 2, not a healthy-looking report."""
   import shutil
   from vit_jax.tools import inspect_checkpoint
-  _, loaded, paths, _ = exported
+  _, loaded, paths, _ = export_kind("families")  # The formats' files, whatever their model.
   assert inspect_checkpoint.main([paths["savedmodel"]]) == 0  # The one with a description here.
   assert f"in savedmodel's runtime: {loaded.image_size} px input, 10 outputs" in (
       capsys.readouterr().out)
@@ -210,12 +224,12 @@ def test_every_format_of_the_table_keeps_the_contract_and_every_command_offers_i
     assert fmt in export.FORMATS and fmt in runners.FORMATS
 
 
-def test_export_replaces_a_file_only_where_it_wrote_it(exported, tmp_path):
+def test_export_replaces_a_file_only_where_it_wrote_it(export_kind, tmp_path):
   """vit-export's check before it writes OUT: a file there is its own where it carries the
   description where the format keeps it; a user's file, or a model without one, is not."""
   import shutil
   from vit_jax.tools import export
-  _, loaded, paths, _ = exported
+  _, loaded, paths, _ = export_kind("families")
   ours = {"tflite": str(tmp_path / "model.tflite"), "onnx": str(tmp_path / "model.onnx"),
           "npz": str(tmp_path / "model.npz")}
   shutil.copy(paths["tflite"], ours["tflite"])
@@ -230,3 +244,41 @@ def test_export_replaces_a_file_only_where_it_wrote_it(exported, tmp_path):
             (str(users), "onnx"), (str(tmp_path / "arrays.npz"), "adapters"),
             (ours["onnx"], "tflite")]
   assert not any(export.written_by_export(path, fmt) for path, fmt in theirs)
+
+
+def test_export_runs_what_it_wrote_and_removes_a_model_that_differs(export_kind, tmp_path,
+                                                                    monkeypatch, capsys):
+  """vit-export checks each serving format in its runtime against JAX before it says Wrote: a
+  real export of the exact GELU to ONNX passes (NaN before); a runtime made to give other logits
+  (offset, NaN, failing) is one `error:` line with the difference, status 1, OUT removed."""
+  from vit_jax.serving import convert
+  from vit_jax.tools import export
+  _, loaded, paths, _ = export_kind("exact")
+  npz = tiny_serving_checkpoint(tmp_path / "exact.npz", "exact")
+  out = tmp_path / "real.onnx"
+  assert export.main([npz, str(out), "--format", "onnx"]) == 0
+  printed = capsys.readouterr().out
+  assert f"Wrote {out} (onnx): " in printed
+  diff = float(re.search(r"Checked: run in its runtime, (\S+) from JAX's logits", printed)[1])
+  assert out.exists() and diff <= TOLERANCE["onnx"]
+  # The rest copies the module's files for `write`, and spoils what the runtime gives.
+  monkeypatch.setattr(convert, "write", lambda loaded, out, fmt: (
+      shutil.copytree if fmt == "savedmodel" else shutil.copy)(paths[fmt], out))
+  real_open = runners.open_model
+  spoil = {"offset": lambda y: y + np.float32(0.25), "nan": lambda y: y * np.nan,
+           "raises": lambda y: np.asarray(1 / 0)}
+  for (fmt, how), said in zip(
+      [("onnx", "offset"), ("tflite", "nan"), ("savedmodel", "offset"), ("onnx", "raises")],
+      ["is 2.5e-01 from JAX's logits (max |diff|; tolerance ",
+       "gives 20 NaN or inf logits of 20", "is 2.5e-01 from JAX's logits",
+       "cannot be run in its runtime (ZeroDivisionError: division by zero)"]):
+    runner = real_open(paths[fmt])
+    monkeypatch.setattr(runners, "open_model", lambda path, runner=runner, how=how: (
+        dataclasses.replace(runner, run=lambda x: spoil[how](runner.run(x)))))
+    out = tmp_path / ("saved" if fmt == "savedmodel" else f"spoilt.{fmt}")
+    assert export.main([npz, str(out), "--format", fmt]) == 1, (fmt, how)
+    captured = capsys.readouterr()
+    assert "Wrote" not in captured.out and not out.exists(), (fmt, how)
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: the {fmt} model at {out}"), err
+    assert said in err[0] and "removed, not left as a good export" in err[0], err

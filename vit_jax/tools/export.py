@@ -20,10 +20,14 @@ which `vit-inspect` prints and predict, few-shot and fine-tuning read.
   tflite: the same signature as a float32 TFLite model.  onnx: the same as ONNX
     (input `images`, outputs `logits`, `top5`), checked with onnx.checker.
 N is the checkpoint's resolution unless --image_size resizes the position embedding.
+A serving format is run in its own runtime (TensorFlow, LiteRT, onnxruntime) on 2 images
+beside JAX before the export reports success; a model whose logits differ (by more than 1e-4
+of their scale) is removed, and the command says by how much and exits with status 1.
 The serving formats need the export extra: pip install 'vit_jax[export]'.
 """
 import argparse
 import os
+import sys
 
 import numpy as np
 
@@ -91,12 +95,26 @@ def main(argv: list[str]) -> int:
   elif args.format == "adapters":
     described = checkpoint.export_adapters(args.checkpoint, args.out)
   else:
-    cli.start_tensorflow(datasets=False)  # The serving formats': its C++ start-up lines.
-    from vit_jax.serving import convert  # JAX and the converters: after the checks.
-    with cli.native_logs():  # The converters' C++ lines.
-      described = convert.export(args.checkpoint, args.out, args.format, args.model,
-                                 args.image_size, base=args.base).description
+    return export_serving(args)
   print(f"Wrote {args.out} ({args.format}): {described.summary()}")
+  return 0
+
+
+def export_serving(args: argparse.Namespace) -> int:
+  """Writes a serving format, then runs it in its runtime beside JAX (convert.check): a
+  model that gives other logits is removed and reported in one line, status 1."""
+  cli.start_tensorflow(datasets=False)  # The serving formats': its C++ start-up lines.
+  from vit_jax.serving import convert  # JAX and the converters: after the checks.
+  try:
+    with cli.native_logs():  # The converters' C++ lines.
+      exported = convert.export(args.checkpoint, args.out, args.format, args.model,
+                                args.image_size, base=args.base)
+  except convert.Mismatch as e:
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    return cli.FAILED
+  print(f"Wrote {args.out} ({args.format}): {exported.loaded.description.summary()}")
+  print(f"Checked: run in its runtime, {exported.max_diff:.1e} from JAX's logits (max |diff| "
+        f"on {convert.CHECK_IMAGES} images)")
   return 0
 
 
