@@ -1,7 +1,8 @@
 """Inference images/s of a ViT in JAX and as the exported SavedModel, ONNX and TFLite models.
 
     PYTHONPATH=. python benchmarks/serving.py --model ViT-B_16 --image_size 224 --batch_size 8 \
-        [--formats jax,savedmodel,onnx,tflite] [--checkpoint CKPT] [--json_out FILE]
+        [--formats jax,savedmodel,onnx,tflite] [--checkpoint CKPT] [--json_out FILE] \
+        [--set FIELD=VALUE ...] [--perturb STD]
 
 The model (random parameters, or --checkpoint) is exported with vit_jax.serving as
 `vit-export --format` writes it, then each form runs the same uint8 batch
@@ -10,7 +11,10 @@ default device, the SavedModel in TensorFlow, ONNX in onnxruntime (CPU), TFLite 
 Each figure is the median over `--repeats` runs of `--steps` calls after `--warmup` calls,
 with every framework at its default thread count. The report also gives each format's
 max |logit difference| from JAX on that batch, and the seconds each export step took
-(SavedModel; TFLite from it; ONNX from the TFLite model).
+(SavedModel; TFLite from it; ONNX from the TFLite model). `--set` overrides a model field
+(`--set gelu=exact --set classifier=gap`: any variant of the model, e.g. a family's fields), and
+`--perturb` adds Gaussian noise of that std to every parameter, so that biases, norms and
+LayerScale are away from their init as in a trained model.
 """
 import argparse
 import json
@@ -55,9 +59,15 @@ def load_model(args: argparse.Namespace) -> checkpoint.Loaded:
   if args.checkpoint:
     return checkpoint.load(args.checkpoint, image_size=args.image_size)
   overrides = {"num_layers": args.num_layers} if args.num_layers else {}
-  model = models.create_model(args.model, num_classes=args.num_classes, **overrides)
+  model = models.create_model(args.model, num_classes=args.num_classes,
+                              **overrides | dict(args.set))
   size = args.image_size or 224
   params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, size, size, 3)))["params"]
+  if args.perturb:
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(2), len(leaves))
+    params = jax.tree.unflatten(tree, [x + args.perturb * jax.random.normal(k, x.shape, x.dtype)
+                                       for x, k in zip(leaves, keys)])
   # A random head (initialised to zeros), so that the logits differ and their diffs mean something.
   kernel = params["head"]["kernel"]
   params["head"]["kernel"] = jax.random.normal(jax.random.key(1), kernel.shape) / kernel.shape[0]**.5
@@ -121,6 +131,16 @@ def versions() -> dict[str, str]:
   return out
 
 
+def _field_value(text: str) -> tuple[str, Any]:
+  field, sep, value = text.partition("=")
+  if not sep:
+    raise argparse.ArgumentTypeError(f"--set {text}: give FIELD=VALUE, e.g. gelu=exact")
+  try:
+    return field, json.loads(value)
+  except json.JSONDecodeError:
+    return field, value
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--model", default="ViT-B_16", help="registry name (random parameters)")
@@ -134,6 +154,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   p.add_argument("--steps", type=int, default=5)
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--json_out", default=None)
+  p.add_argument("--set", action="append", type=_field_value, default=[], metavar="FIELD=VALUE",
+                 help="a model field (VALUE read as JSON, else as a string); repeatable")
+  p.add_argument("--perturb", type=float, default=0.0, help="std of noise added to every param")
   args = p.parse_args(argv)
   args.formats = ["jax"] + [f for f in args.formats.split(",") if f and f != "jax"]
   unknown = set(args.formats) - set(FORMATS)
@@ -147,7 +170,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   loaded = load_model(args)
   with tempfile.TemporaryDirectory(prefix="vit_serving_bench_") as tmp:
     rows = bench(args, loaded, tmp)
-  report = {"model": loaded.summary(), "batch_size": args.batch_size,
+  report = {"model": loaded.summary(), "fields": dict(args.set), "perturb": args.perturb,
+            "batch_size": args.batch_size,
             "device": str(jax.devices()[0].device_kind), "cpu": platform.processor(),
             "versions": versions(), "results": rows}
   print(table(rows))
