@@ -3,6 +3,7 @@ refuse what is inconsistent, released files are described by documented defaults
 fine-tuned from a checkpoint takes its normalisation (a run's own checkpoints and exports, end to
 end: test_e2e_description.py)."""
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -98,3 +99,47 @@ def test_fine_tuning_takes_mean_and_std_of_its_starting_checkpoint(tmp_path):
     with pytest.raises(checkpoint.DescriptionMismatch,
                        match=rf"config.data.{field} .* disagrees with .*{records}"):
       run_setup.resolve_value_range(c)
+
+
+# Stored descriptions that no vit_jax wrote: each read is one line or a fall-back, never a
+# traceback from deep inside the reader.
+_NOT_DESCRIPTIONS = {
+    "not JSON": "{model: ",
+    "a list": "[]",
+    "a number": "3",
+    "no model": '{"image_size": 32, "num_classes": 10}',
+    "model a list": '{"model": [], "image_size": 32, "num_classes": 10}',
+    "unknown field": '{"model": {}, "image_size": 32, "num_classes": 10, "colour": 1}',
+    "bad preprocessing": '{"model": {}, "image_size": 32, "num_classes": 10, '
+                         '"preprocessing": {"crop": "sideways"}}',
+    "class names off": '{"model": {}, "image_size": 32, "num_classes": 3, '
+                       '"class_names": ["a"]}',
+}
+
+
+@pytest.mark.parametrize("text", _NOT_DESCRIPTIONS.values(), ids=_NOT_DESCRIPTIONS.keys())
+def test_a_stored_description_no_vit_jax_wrote_is_one_line_or_a_fallback(tmp_path, text,
+                                                                          caplog):
+  with pytest.raises(checkpoint.description.UnreadableDescription) as raised:
+    checkpoint.Description.from_json(text)
+  assert "\n" not in str(raised.value)
+  # An .npz: one warning, and its arrays described as a released file's are.
+  path = tiny_serving_checkpoint(tmp_path / "released.npz", "plain")
+  arrays = dict(np.load(path, allow_pickle=False))
+  arrays[checkpoint.description.DESCRIPTION_KEY] = np.array(text)
+  np.savez(tmp_path / "odd.npz", **arrays)
+  described = checkpoint.describe(str(tmp_path / "odd.npz"))
+  assert described.assumed == ("model", "preprocessing") and described.image_size == 32
+  assert sum("no description vit_jax wrote" in r.getMessage() for r in caplog.records) == 1
+  # A run's step: described from its resume record, or one line where it has none.
+  meta = {"description": json.loads(text) if text != "{model: " else text,
+          "model": described.model, "model_name": None, "num_classes": 10,
+          "trajectory": {"loss": "softmax_xent",
+                         "data": {"name": "digits", "image_size": 32, "eval_crop": "resize",
+                                  "central_crop_fraction": 1.0, "value_range": (-1, 1)}}}
+  from_record = checkpoint.run.step_description(meta, 7)
+  assert (from_record.step, from_record.image_size, from_record.output) == (7, 32, "softmax")
+  del meta["trajectory"]
+  with pytest.raises(checkpoint.description.UnreadableDescription, match="step 7's") as raised:
+    checkpoint.run.step_description(meta, 7)
+  assert "\n" not in str(raised.value)

@@ -9,6 +9,7 @@ by `released`, whose defaults are those of the official code and name themselves
 """
 import dataclasses
 import json
+import logging
 import math
 from typing import Any, Mapping
 
@@ -39,6 +40,11 @@ _OUTPUT_OF_LOSS = {"softmax_xent": "softmax", "sigmoid_xent": "sigmoid"}
 
 class DescriptionMismatch(InputError):
   """A command's explicit option says otherwise than the checkpoint's description."""
+
+
+class UnreadableDescription(InputError):
+  """A stored description that no version of vit_jax wrote: not JSON, or a field missing or
+  of another type."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,18 +100,29 @@ class Description:
 
   @classmethod
   def from_dict(cls, d: Mapping[str, Any]) -> "Description":
+    """Reads every format so far; raises UnreadableDescription for anything else."""
+    if not isinstance(d, Mapping):
+      raise UnreadableDescription(f"a description is a JSON object, not {type(d).__name__}")
     d = dict(d)
-    if d.pop("format", FORMAT) > FORMAT:
+    fmt = d.pop("format", FORMAT)
+    if isinstance(fmt, int) and fmt > FORMAT:
       raise ValueError("the checkpoint's description was written by a newer vit_jax: upgrade.")
-    d["model"] = {k: tuple(v) if isinstance(v, list) else v for k, v in d["model"].items()}
-    d["preprocessing"] = Preprocessing(**(d.get("preprocessing") or {}))  # Lists as tuples.
-    d["class_names"] = tuple(d.get("class_names") or ())
-    d["assumed"] = tuple(d.get("assumed") or ())
-    return cls(**d)
+    try:
+      d["model"] = {k: tuple(v) if isinstance(v, list) else v for k, v in d["model"].items()}
+      d["preprocessing"] = Preprocessing(**(d.get("preprocessing") or {}))  # Lists as tuples.
+      d["class_names"] = tuple(d.get("class_names") or ())
+      d["assumed"] = tuple(d.get("assumed") or ())
+      return cls(**d)
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+      raise UnreadableDescription(f"{type(e).__name__}: {e}") from e
 
   @classmethod
   def from_json(cls, text: str) -> "Description":
-    return cls.from_dict(json.loads(text))
+    try:
+      d = json.loads(text)
+    except ValueError as e:
+      raise UnreadableDescription(f"not JSON ({e})") from e
+    return cls.from_dict(d)
 
   def class_name(self, i: int) -> str:
     return self.class_names[i] if self.class_names else f"class {i}"
@@ -163,6 +180,13 @@ def released(model: Mapping[str, Any], model_name: str | None, num_classes: int 
 
 
 def from_npz_entry(arrays: Mapping[str, np.ndarray]) -> Description | None:
+  """The description an .npz carries; None for none, or (one warning) for one no vit_jax
+  wrote: its arrays are then described as a released file's are."""
   if DESCRIPTION_KEY not in arrays:
     return None
-  return Description.from_json(str(arrays[DESCRIPTION_KEY]))
+  try:
+    return Description.from_json(str(arrays[DESCRIPTION_KEY]))
+  except UnreadableDescription as e:
+    logging.warning("The .npz's %s is no description vit_jax wrote (%s): its arrays are "
+                    "described as a released file's.", DESCRIPTION_KEY, e)
+    return None

@@ -18,7 +18,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from vit_jax.checkpoint.description import Description, Preprocessing, output_of_loss
+from vit_jax.checkpoint.description import (Description, Preprocessing, UnreadableDescription,
+                                           output_of_loss)
 from vit_jax.checkpoint.errors import CheckpointError
 from vit_jax.checkpoint.npz import flatten
 from vit_jax.models import lora
@@ -263,7 +264,15 @@ def step_description(meta: dict[str, Any], step: int) -> Description:
   """The description saved with a step; for a step saved before descriptions, the one its
   resume metadata implies (no class names, config or parent: those were not kept)."""
   if "description" in meta:
-    return Description.from_dict(meta["description"])
+    try:
+      return Description.from_dict(meta["description"])
+    except UnreadableDescription as e:
+      if "trajectory" not in meta:
+        raise UnreadableDescription(f"step {step}'s description is no description vit_jax "
+                                    f"wrote ({e}), and its metadata holds no resume record "
+                                    "to describe it from.") from e
+      logging.warning("Step %d's description is no description vit_jax wrote (%s): described "
+                      "from its resume record instead.", step, e)
   data = meta["trajectory"]["data"]
   return Description(
       model=meta["model"], model_name=meta["model_name"], num_classes=meta["num_classes"],

@@ -20,7 +20,7 @@ from types import ModuleType
 
 import numpy as np
 
-from vit_jax.checkpoint.description import Description
+from vit_jax.checkpoint.description import Description, UnreadableDescription
 
 FORMATS = {"savedmodel": "vit_jax.serving.savedmodel", "tflite": "vit_jax.serving.tflite",
            "onnx": "vit_jax.serving.onnx"}
@@ -49,7 +49,11 @@ def describe(path: str) -> Description:
   if text is None:
     raise ValueError(f"{path} carries no vit_jax description: it was not written by "
                      "`vit-export` (or by a version before descriptions).")
-  return Description.from_json(text)
+  try:
+    return Description.from_json(text)
+  except UnreadableDescription as e:
+    raise UnreadableDescription(f"{path} carries a description no vit_jax wrote ({e}): export "
+                                "it again with vit-export.") from e
 
 
 @dataclasses.dataclass
