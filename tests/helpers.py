@@ -293,7 +293,7 @@ def assert_finetuning_loads_the_file(command: str, monkeypatch, num_classes: int
   model = run_setup.build_model(c, num_classes)
   size = c.data.image_size
   abstract = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, size, size, 3)))
-  params = checkpoint.load_params(c.pretrained, abstract["params"])
+  params = checkpoint.load_params(c.pretrained, abstract["params"], model.posemb_interpolation)
   assert params["head"]["kernel"].shape[-1] == num_classes
   return c
 

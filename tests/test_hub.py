@@ -192,6 +192,7 @@ def test_every_layout_keeps_the_contract():
   for m in layouts.LAYOUTS:
     assert list(inspect.signature(m.matches).parameters) == ["keys"], m.__name__
     assert list(inspect.signature(m.to_released).parameters) == ["arrays", "config", "source"]
+    assert list(inspect.signature(m.declared).parameters) == ["config"], m.__name__
     assert list(inspect.signature(m.describe).parameters) == [
         "flat", "fields", "config", "processor", "origin"], m.__name__
 

@@ -144,14 +144,17 @@ def test_timm_vit_claims_no_eva_arrays():
 
 def test_heads_come_from_the_architecture_without_model_args(tmp_path):
   """The Hub's configs mostly name no model_args: EVA-02 Ti's 3 heads of 64 come from its
-  width, as eva.py defines eva02_tiny_patch14_224."""
+  width, as eva.py defines eva02_tiny_patch14_224 (its patch size from the name: 14)."""
   _, timm = timm_models.import_torch()
+  size = 28
   model = randomised_torch(timm.create_model(
-      "eva02_tiny_patch14_224", pretrained=False, patch_size=8, img_size=SIZE, depth=2,
-      num_classes=0))
-  config = save(model, tmp_path / "tiny")
+      "eva02_tiny_patch14_224", pretrained=False, img_size=size, depth=2, num_classes=0))
+  from timm.models import _hub
+  _hub.save_for_hf(model, tmp_path / "tiny", data_config=dict(input_size=(3, size, size)),
+                   safe_serialization=True)
+  config = json.loads((tmp_path / "tiny" / "config.json").read_text())
   del config["model_args"]
   (tmp_path / "tiny" / "config.json").write_text(json.dumps(config))
   loaded = checkpoint.load(str(tmp_path / "tiny"))
   assert loaded.model.num_heads == 3
-  assert_timms(loaded, model, images(SIZE, SIZE))
+  assert_timms(loaded, model, images(size, size))

@@ -24,7 +24,7 @@ _EXPORTS = {
                     "output_of_loss"),
     "errors": ("CheckpointError",),
     "loader": ("Loaded", "describe", "export_adapters", "export_npz", "from_arrays", "load",
-               "load_params", "read"),
+               "load_params", "posemb_interpolation_of", "read"),
     "npz": ("POSEMB_KEY", "arrays_sha256", "fit_to_target", "flatten", "infer_model_config",
             "load_npz", "load_npz_flat", "read_npz", "resize_posemb", "save_npz", "unflatten"),
     "run": ("latest_step_dir", "make_meta", "read_params", "read_step"),

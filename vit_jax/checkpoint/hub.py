@@ -158,4 +158,5 @@ def read(path: str) -> tuple[dict[str, np.ndarray], Description, str]:
   layout = layouts.find(arrays, path)
   flat = layout.to_released(arrays, config, path)
   fields = npz.infer_model_config(flat)
+  layouts.check_declared(flat, fields, layout.declared(config), path)
   return flat, layout.describe(flat, fields, config, processor, path), str(path)

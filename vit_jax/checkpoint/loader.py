@@ -31,7 +31,9 @@ from vit_jax.models import lora
 class Loaded:
   model: models.VisionTransformer
   params: dict[str, Any]
-  description: Description  # Of the loaded model: `image_size` is the one params fit.
+  # Of the loaded model: `image_size` is the one params fit (a model with dynamic_image_size
+  # keeps the checkpoint's grid and runs at any size; this is the default it was asked for).
+  description: Description
   source: str  # The file or step directory read.
 
   @classmethod
@@ -194,11 +196,21 @@ def export_npz(path: str, out: str, base: str | None = None) -> Description:
   return described
 
 
-def load_params(path: str, target: npz.Params) -> dict[str, Any]:
+def load_params(path: str, target: npz.Params,
+                posemb_interpolation: str | None = None) -> dict[str, Any]:
   """Params of any checkpoint path fitted to `target` (e.g. a model to fine-tune):
-  position embedding resized, head reset if the class count differs."""
-  flat, _, _ = read(path)
-  return npz.fit_to_target(flat, target)
+  position embedding resized with `posemb_interpolation` (None: the one the checkpoint's
+  description names, its framework's; bilinear, the official code's, where it names none),
+  head reset if the class count differs."""
+  flat, described, _ = read(path)
+  method = posemb_interpolation or posemb_interpolation_of(described)
+  return npz.fit_to_target(flat, target, method)
+
+
+def posemb_interpolation_of(described: Description) -> str:
+  """How the checkpoint's framework resizes its position embedding (models/posemb_resize)."""
+  return described.model.get("posemb_interpolation") or models.registry.default(
+      "posemb_interpolation")
 
 
 def _name_and_fields(flat: dict[str, np.ndarray], described: Description, model_name: str | None,
@@ -211,6 +223,13 @@ def _name_and_fields(flat: dict[str, np.ndarray], described: Description, model_
   if model_name:
     return model_name, _checked_name(flat, model_name, overrides)
   return described.model_name, dict(described.model)
+
+
+def _native_size(flat: dict[str, np.ndarray], model: models.VisionTransformer) -> int | None:
+  """The resolution the arrays' learned position embedding is for (None: it has none)."""
+  if npz.POSEMB_KEY not in flat or model.posemb != "learn":
+    return None
+  return desc_lib.grid_image_size(flat[npz.POSEMB_KEY].shape[1], "cls" in flat, model.stride)
 
 
 def load(path: str, model_name: str | None = None, *, image_size: int | None = None,
@@ -245,8 +264,11 @@ def from_arrays(flat: dict[str, np.ndarray], described: Description, source: str
   fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
   model = models.VisionTransformer(name_in_registry=name, **fields)
   image_size = image_size or described.image_size
+  # A model that resamples its embedding at run time keeps the checkpoint's own grid: one
+  # resize, from the grid it was trained at, as its framework's forward does.
+  fit_size = (_native_size(flat, model) or image_size) if model.dynamic_image_size else image_size
   abstract = jax.eval_shape(model.init, jax.random.key(0),
-                            jnp.zeros((1, image_size, image_size, 3)))["params"]
+                            jnp.zeros((1, fit_size, fit_size, 3)))["params"]
   built = dict(described.model) | models.registry.described_fields(model)  # Overrides too.
   loaded = described.replace(image_size=image_size, num_classes=model.num_classes, model=built,
                              model_name=name, class_names=described.class_names if head else ())

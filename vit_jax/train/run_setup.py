@@ -108,6 +108,7 @@ def inherit_model_fields(c: ml_collections.ConfigDict, parent: checkpoint.Descri
                                  c.model[field], recorded, c.pretrained)
     if c.model[field] is None and recorded is not None:
       c.model[field] = recorded
+  _inherit_posemb_interpolation(c, parent)
   # The model's shapes and which arrays it has (registry.SHAPE): taken from a description that
   # records them (not one assumed from a bare file's arrays) where the config leaves them open,
   # so that no flag repeats what the file tells. A field the config sets wins: a run may
@@ -123,6 +124,19 @@ def inherit_model_fields(c: ml_collections.ConfigDict, parent: checkpoint.Descri
   if taken:
     logging.info("model: %s with %s, as %s describes it", c.model_name,
                  ", ".join(f"{k}={v}" for k, v in taken.items()), c.pretrained)
+
+
+def _inherit_posemb_interpolation(c: ml_collections.ConfigDict,
+                                  parent: checkpoint.Description) -> None:
+  """How the position embedding is resized to config.data.image_size (at the start of the
+  run) and at run time (dynamic_image_size): config.model.posemb_interpolation where the config
+  sets it, else as config.pretrained's framework resizes it (its description's)."""
+  recorded, given = parent.model.get("posemb_interpolation"), c.model.posemb_interpolation
+  if given is None:  # A bare file records none: the model's default, the official code's.
+    c.model.posemb_interpolation = recorded
+  elif recorded and given != recorded:
+    logging.info("model.posemb_interpolation=%s: %s's framework resizes with %s; the "
+                 "config's is used", given, c.pretrained, recorded)
 
 
 def _abstract_params(model: models.VisionTransformer, image_size: int) -> Any:
@@ -235,11 +249,13 @@ def load_pretrained(model: models.VisionTransformer, path: str, rng: jax.Array,
   """`path`'s params fitted to `model`; LoRA adapters, which no checkpoint has, initialised."""
   images = jnp.zeros((1,) + image_shape)
   if not model.lora_rank:
-    return checkpoint.load_params(path, jax.eval_shape(model.init, rng, images)["params"])
+    return checkpoint.load_params(path, jax.eval_shape(model.init, rng, images)["params"],
+                                  model.posemb_interpolation)
   fresh = checkpoint.flatten(jax.jit(model.init)(rng, images)["params"])
   adapters = {k: v for k, v in fresh.items() if lora.is_adapter(k)}
   base = checkpoint.unflatten({k: v for k, v in fresh.items() if k not in adapters})
-  return checkpoint.unflatten(checkpoint.flatten(checkpoint.load_params(path, base)) | adapters)
+  fitted = checkpoint.load_params(path, base, model.posemb_interpolation)
+  return checkpoint.unflatten(checkpoint.flatten(fitted) | adapters)
 
 
 def setup_on(c: ml_collections.ConfigDict, num_classes: int, devices: Sequence[Any]) -> RunSetup:

@@ -150,6 +150,19 @@ def _image_size(config: Mapping[str, Any], source: str) -> int:
   return int(size)
 
 
+def declared(config: Mapping[str, Any]) -> dict[str, Any]:
+  """What open_clip_config.json's vision_cfg says the arrays are (layouts/__init__.py's
+  contract): width, layers, patch size, MLP width (width x mlp_ratio) and resolution."""
+  vision, out = vision_cfg(config), {}
+  for field, key in (("hidden_size", "width"), ("num_layers", "layers"),
+                     ("patch_size", "patch_size"), ("image_size", "image_size")):
+    if vision.get(key):
+      out[field] = repo_config.side(vision[key])
+  if vision.get("width"):
+    out["mlp_dim"] = int(vision["width"] * vision.get("mlp_ratio", 4.0))
+  return out
+
+
 def describe(flat: Mapping[str, np.ndarray], fields: dict[str, Any], config: Mapping[str, Any],
              processor: Mapping[str, Any], origin: str) -> desc_lib.Description:
   """The description open_clip_config.json gives (there is no preprocessor_config.json)."""

@@ -2,6 +2,7 @@
 timm's config.json (`pretrained_cfg`, `model_args`) and transformers' config.json and
 preprocessor_config.json: preprocessing, the head count the arrays do not show, the GELU the
 weights were trained with, class names."""
+import re
 from typing import Any, Mapping
 
 import numpy as np
@@ -104,3 +105,33 @@ def id2label_names(config: Mapping[str, Any], n: int | None) -> tuple[str, ...]:
     return ()
   names = tuple(labels[i] for i in range(n))
   return () if all(name == f"LABEL_{i}" for i, name in enumerate(names)) else names
+
+
+def side(size: Any) -> int | None:
+  """An image size as configs give it (an int, [h, w] or [c, h, w]); its side."""
+  if isinstance(size, (list, tuple)):
+    size = size[-1] if size else None
+  return None if size is None else int(size)
+
+
+def timm_declared(config: Mapping[str, Any], registers_arg: str) -> dict[str, Any]:
+  """What timm's config.json says the arrays are, where it says it: the patch size
+  (model_args', else the architecture's name `..._patch14_...`), width and depth (model_args'),
+  registers (model_args' `registers_arg`, else the name's `_reg4_`) and the resolution the
+  position embedding is for (model_args' img_size, else pretrained_cfg's input_size)."""
+  args = config.get("model_args") or {}
+  arch = config.get("architecture") or ""
+  out = {}
+  patch = args.get("patch_size") or (re.search(r"_patch(\d+)(_|$)", arch) or [None, None])[1]
+  if patch:
+    out["patch_size"] = side(patch)
+  for field, arg in (("hidden_size", "embed_dim"), ("num_layers", "depth")):
+    if args.get(arg):
+      out[field] = int(args[arg])
+  registers = args.get(registers_arg, (re.search(r"_reg(\d+)(_|$)", arch) or [None, None])[1])
+  if registers is not None:
+    out["num_registers"] = int(registers)
+  size = args.get("img_size") or (config.get("pretrained_cfg") or {}).get("input_size")
+  if size:
+    out["image_size"] = side(size)
+  return out

@@ -41,6 +41,10 @@ _EVA02 = (r"eva02_(tiny|small|base|large)_patch1[46]_(clip_)?(224|336|448)",
           dict(use_rot_pos_emb=True, ref_feat_shape=16), 1e-6,
           {192: 3, 384: 6, 768: 12, 1024: 16})
 _FAMILIES = (_DINOV3, _EVA02)
+# What each family's arrays hold that its name implies (Eva's use_abs_pos_emb, num_reg_tokens):
+# DINOv3 has four registers and no learned embedding, EVA-02 a learned one and no registers.
+_FAMILY_ARRAYS = {_DINOV3[0]: dict(posemb="none", num_registers=4),
+                  _EVA02[0]: dict(posemb="learn", num_registers=0)}
 # Eva's defaults of those arguments.
 _EVA_DEFAULTS = dict(use_rot_pos_emb=False, rope_type="cat", rope_temperature=10000.,
                      rope_rotate_half=False, rope_grid_offset=0., rope_grid_indexing="ij",
@@ -226,12 +230,29 @@ def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
   return out
 
 
+def declared(config: Mapping[str, Any]) -> dict[str, Any]:
+  """What config.json says the arrays are (layouts/__init__.py's contract): the architecture's
+  family (a learned embedding, registers) beside what timm's config says of any model."""
+  arch, args = config.get("architecture") or "", config.get("model_args") or {}
+  family = next((f for f in _FAMILIES if re.fullmatch(f[0], arch)), None)
+  out = dict(_FAMILY_ARRAYS[family[0]]) if family else {}
+  if "use_abs_pos_emb" in args:
+    out["posemb"] = "learn" if args["use_abs_pos_emb"] else "none"
+  out |= repo_config.timm_declared(config, "num_reg_tokens")
+  if out.get("posemb") == "none":
+    out.pop("image_size", None)  # No embedding to say it of: the rotary grid is any size.
+  return out
+
+
 def describe(flat: Mapping[str, np.ndarray], fields: dict[str, Any], config: Mapping[str, Any],
              processor: Mapping[str, Any], origin: str) -> desc_lib.Description:
   """The description timm's config.json gives, with what the arrays do not tell: the pooling,
-  no learned embedding (DINOv3), the rotary embedding and the LayerNorm epsilon."""
+  no learned embedding (DINOv3), the rotary embedding, the LayerNorm epsilon, and timm's
+  resampling of a learned embedding to another size (resample_abs_pos_embed: antialiased
+  bicubic, in eva.py's dynamic_img_size forward and its checkpoint_filter_fn alike)."""
   del processor
   args, eps, _ = _family(config, origin)
   fields = fields | _pooling(args, config, "cls" in flat, origin) | _rope(args, origin)
-  fields |= dict(layer_norm_eps=eps, posemb=fields["posemb"] if POSEMB_KEY in flat else "none")
+  fields |= dict(layer_norm_eps=eps, posemb=fields["posemb"] if POSEMB_KEY in flat else "none",
+                 posemb_interpolation="bicubic")
   return repo_config.timm_description(flat, fields, config, repo_config.timm_gelu(config))

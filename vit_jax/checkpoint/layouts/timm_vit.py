@@ -271,6 +271,11 @@ def gelu(config: Mapping[str, Any]) -> str:
   return repo_config.timm_gelu(config)
 
 
+def declared(config: Mapping[str, Any]) -> dict[str, Any]:
+  """What config.json says the arrays are (layouts/__init__.py's contract)."""
+  return repo_config.timm_declared(config, "reg_tokens")
+
+
 def describe(flat: Mapping[str, np.ndarray], fields: dict[str, Any], config: Mapping[str, Any],
              processor: Mapping[str, Any], origin: str) -> desc_lib.Description:
   """The description timm's config.json gives: resolution, preprocessing, classes, GELU

@@ -29,7 +29,7 @@ import numpy as np
 from vit_jax import models
 from vit_jax.checkpoint import description as desc_lib
 from vit_jax.checkpoint.errors import CheckpointError
-from vit_jax.checkpoint.layouts import arrays_source, repo_config
+from vit_jax.checkpoint.layouts import arrays_source, repo_config, transformers_vit
 from vit_jax.checkpoint.npz import POSEMB_KEY
 
 NAME = "transformers CLIP"
@@ -153,6 +153,11 @@ def processor_preprocessing(processor: Mapping[str, Any]) -> desc_lib.Preprocess
                           f"{shortest} is not a central crop vit_jax applies.")
   return desc_lib.Preprocessing(crop="central_crop", central_crop_fraction=crop / shortest,
                                 geometry="transformers", **common)
+
+
+def declared(config: Mapping[str, Any]) -> dict[str, Any]:
+  """What config.json (its vision_config) says the arrays are (layouts/__init__.py's contract)."""
+  return transformers_vit.declared(vision_config(config))
 
 
 def describe(flat: Mapping[str, np.ndarray], fields: dict[str, Any], config: Mapping[str, Any],

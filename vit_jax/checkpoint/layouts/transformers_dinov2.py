@@ -95,6 +95,17 @@ def _image_size(config: Mapping[str, Any], processor: Mapping[str, Any]) -> int:
   return int(side or config.get("image_size", desc_lib.DEFAULT_IMAGE_SIZE))
 
 
+def declared(config: Mapping[str, Any]) -> dict[str, Any]:
+  """What config.json says the arrays are (layouts/__init__.py's contract): Dinov2Config's
+  sizes, its MLP's width (hidden_size x mlp_ratio, where it is no SwiGLU) and registers
+  (Dinov2WithRegistersConfig's num_register_tokens; a Dinov2Config has none)."""
+  out = transformers_vit.declared(config)
+  if config.get("mlp_ratio") and config.get("hidden_size") and not config.get("use_swiglu_ffn"):
+    out["mlp_dim"] = int(config["hidden_size"] * config["mlp_ratio"])
+  out["num_registers"] = int(config.get("num_register_tokens") or 0)
+  return out
+
+
 def describe(flat: Mapping[str, np.ndarray], fields: dict[str, Any], config: Mapping[str, Any],
              processor: Mapping[str, Any], origin: str) -> desc_lib.Description:
   """The description config.json and preprocessor_config.json give: the exact GELU (or SwiGLU),

@@ -19,6 +19,9 @@ NAME = "transformers"
 _TANH_ACTS = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python_tanh")
 # Organisations whose transformers ViTs are conversions of JAX-trained (tanh GELU) weights.
 _JAX_TRAINED_ORGS = ("google/",)
+# config.json's sizes (transformers' ViT, DINOv2 and CLIP configs), as model fields.
+_DECLARED = {"patch_size": "patch_size", "hidden_size": "hidden_size",
+             "mlp_dim": "intermediate_size", "num_layers": "num_hidden_layers"}
 
 
 def matches(keys: Any) -> bool:
@@ -100,11 +103,22 @@ def gelu(config: Mapping[str, Any], origin: str) -> str:
   return "tanh" if any(n.startswith(_JAX_TRAINED_ORGS) for n in named) else "exact"
 
 
+def declared(config: Mapping[str, Any]) -> dict[str, Any]:
+  """What config.json says the arrays are (layouts/__init__.py's contract): ViTConfig's, and
+  CLIP's and DINOv2's (their vision config's) sizes where they name them."""
+  out = {field: int(config[key]) for field, key in _DECLARED.items() if config.get(key)}
+  if config.get("image_size"):
+    out["image_size"] = repo_config.side(config["image_size"])
+  return out
+
+
 def describe(flat: Mapping[str, np.ndarray], fields: dict[str, Any], config: Mapping[str, Any],
              processor: Mapping[str, Any], origin: str) -> desc_lib.Description:
-  """The description transformers' config.json and preprocessor_config.json give."""
+  """The description transformers' config.json and preprocessor_config.json give, with
+  transformers' resampling of the position embedding to another size (ViTEmbeddings'
+  interpolate_pos_encoding: torch's bicubic without antialias)."""
   num_classes = repo_config.num_classes(flat)
-  fields = fields | {"gelu": gelu(config, origin)}
+  fields = fields | {"gelu": gelu(config, origin), "posemb_interpolation": "bicubic_no_antialias"}
   return desc_lib.Description(
       model=fields, model_name=models.registry.match_name(fields), num_classes=num_classes,
       image_size=int(config.get("image_size", desc_lib.DEFAULT_IMAGE_SIZE)),
