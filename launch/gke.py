@@ -39,6 +39,11 @@ CONTAINER = "vit"
 REPLICATED_JOB = "slice"
 COORDINATOR_PORT = "8482"  # jax.distributed's on Cloud TPU.
 SPOT = "cloud.google.com/gke-spot"
+# A JobSet's name is a DNS label in its pods' host names (NAME-slice-J-P) and Job names; XPK
+# keeps workload names to 40 characters for the same reason.
+_name = common.matching(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?",
+                        "{text} is no JobSet name here: lowercase letters, digits and hyphens, "
+                        "starting with a letter, not ending with a hyphen, at most 40 characters")
 
 
 def credentials_command(args: argparse.Namespace) -> list[str]:
@@ -140,8 +145,6 @@ def _check(args: argparse.Namespace, *programs: str) -> None:
 
 def up(args: argparse.Namespace) -> int:
   tpu = accelerators.resolve(args.tpu_type)
-  if args.num_slices < 1 or args.max_restarts < 0:
-    raise LaunchError("--num-slices must be 1 or more and --max-restarts 0 or more.")
   text = yaml.safe_dump(manifest(args, tpu), sort_keys=False)  # Checks config and workdir.
   if not args.no_preflight:
     common.preflight(args.config, args.tpu_type, args.overrides, args.num_slices)
@@ -212,8 +215,7 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = common.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = p.add_subparsers(dest="command", required=True)
   helps = {"up": "compile here, apply the JobSet and follow it to its end",
            "watch": "follow a JobSet that `up` applied (after Ctrl-C, or from elsewhere)",
@@ -225,17 +227,20 @@ def parser() -> argparse.ArgumentParser:
     if name == "build":
       s.add_argument("--image", required=True, help="e.g. us-docker.pkg.dev/PROJECT/REPO/vit_jax")
       continue
-    s.add_argument("--name", required=True, help="the JobSet's name")
+    s.add_argument("--name", required=True, type=_name, help="the JobSet's name")
     s.add_argument("--cluster", required=True, help="the GKE cluster")
     s.add_argument("--location", required=True, help="its region or zone")
-    s.add_argument("--project", help="Google Cloud project (default: gcloud's)")
+    s.add_argument("--project", type=common.project_id,
+                   help="Google Cloud project (default: gcloud's)")
     if name in ("up", "watch"):
-      s.add_argument("--poll-seconds", type=float, default=30.0,
+      s.add_argument("--poll-seconds", type=common.seconds, default=30.0,
                      help="seconds between looks at the JobSet (default: %(default)s)")
     if name == "logs":
-      s.add_argument("--slice", type=int, default=0, help="which slice (default 0)")
-      s.add_argument("--worker", type=int, default=0, help="which TPU VM of it (default 0)")
-      s.add_argument("--lines", type=int, default=100, help="lines of history to show")
+      s.add_argument("--slice", type=common.count(0), default=0, help="which slice (default 0)")
+      s.add_argument("--worker", type=common.count(0), default=0,
+                     help="which TPU VM of it (default 0)")
+      s.add_argument("--lines", type=common.count(0), default=100,
+                     help="lines of history to show")
     if name == "up":
       _add_up_flags(s)
   return p
@@ -249,9 +254,9 @@ def _add_up_flags(s: argparse.ArgumentParser) -> None:
   s.add_argument("--workdir", required=True, help="gs://BUCKET/PATH")
   s.add_argument("--image", required=True, help="the image `build` pushed")
   s.add_argument("--spot", action="store_true", help="on a Spot node pool")
-  s.add_argument("--num-slices", type=int, default=1,
+  s.add_argument("--num-slices", type=common.count(1), default=1,
                  help="slices of --tpu-type joined over the data-center network (multislice)")
-  s.add_argument("--max-restarts", type=int, default=20,
+  s.add_argument("--max-restarts", type=common.count(0), default=20,
                  help="JobSet's restarts after a pod fails, before the JobSet fails "
                  "(default: %(default)s)")
   s.add_argument("--no-preflight", action="store_true",

@@ -134,6 +134,10 @@ def _observe(target: Target, attempt: Attempt, pods: list[dict[str, Any]]) -> No
   """Says the pods' line where it changed (or every 15 minutes the same); records the wait
   for capacity once they are all scheduled; raises Failed for an image not pulled."""
   states = [pod_state(p) for p in pods]
+  if pods and not attempt.scheduled and "pending for capacity" not in (k for k, _ in states):
+    attempt.scheduled = True  # Recorded before it is said: a Ctrl-C then loses nothing.
+    if not goodput.record_capacity(target.workdir, attempt.requested, time.time(), attempt.why):
+      say(f"this wait is not in {goodput.path(target.workdir)}: it could not be read just now")
   line = pods_line(states) if pods else "no pods yet"
   if line != attempt.line or time.time() - attempt.said_at >= queued.STILL_WAITING_S:
     say(line)
@@ -147,10 +151,6 @@ def _observe(target: Target, attempt: Attempt, pods: list[dict[str, Any]]) -> No
           f"the nodes cannot pull image {image} ({detail}): build and push it with `python "
           f"launch/gke.py build --image {image}`, or fix --image; the JobSet is left as it is: "
           f"python launch/gke.py delete {target.where}")
-  if pods and not attempt.scheduled and "pending for capacity" not in (k for k, _ in states):
-    attempt.scheduled = True
-    if not goodput.record_capacity(target.workdir, attempt.requested, time.time(), attempt.why):
-      say(f"this wait is not in {goodput.path(target.workdir)}: it could not be read just now")
 
 
 def _run_outcome(workdir: str) -> str:

@@ -174,9 +174,9 @@ def test_build_logs_and_delete_commands():
   assert logs[1] == ("kubectl logs --follow --tail=100 --prefix -l jobset.sigs.k8s.io/jobset-"
                      "name=vit,jobset.sigs.k8s.io/job-index=0,batch.kubernetes.io/job-completion"
                      "-index=1 -c vit")
-  delete = launch("gke.py", "delete", *CLUSTER, "--project", "p", "--dry-run").stdout
+  delete = launch("gke.py", "delete", *CLUSTER, "--project", "my-proj", "--dry-run").stdout
   assert delete.splitlines() == [
-      "gcloud container clusters get-credentials c --location=us-central1 --project=p",
+      "gcloud container clusters get-credentials c --location=us-central1 --project=my-proj",
       "kubectl delete jobset vit"]
 
 
@@ -193,7 +193,9 @@ def test_the_dockerfile_installs_the_lock_with_jax_tpu():
     (["--tpu-type", "tpu7x-12"], "--tpu-type tpu7x-12: tpu7x slices count TensorCores: 8, 16"),
     (["--workdir", "runs/b16"], "--workdir runs/b16: a pod restarted on another node"),
     (["--config", "/tmp/elsewhere.py"], "--config /tmp/elsewhere.py"),
-    (["--num-slices", "0"], "--num-slices must be 1 or more"),
+    (["--num-slices", "0"], "argument --num-slices: give 1 or more, not 0"),
+    (["--poll-seconds", "0"], "argument --poll-seconds: give a number of seconds above 0"),
+    (["--name", "Vit_B16"], "'Vit_B16' is no JobSet name here"),
 ])
 def test_bad_arguments_stop_before_anything_runs(tmp_path, change, message):
   env, folder = scripted_cluster(tmp_path, [{}])
