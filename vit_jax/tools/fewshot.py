@@ -106,7 +106,7 @@ def _probe(path: str, model_name: str | None, image_size: int | None, datasets: 
 
 def _batch(ckpt: "checkpoint.Loaded", wanted: int) -> int:
   """The images a forward pass of the checkpoint's model takes at once here, said if fewer
-  than `wanted` (--batch_size): 256 images of a ViT-L/14 at 518 px need ~140 GB."""
+  than `wanted` (--batch_size): 256 images of a ViT-L/14 at 518 px ran out of 24 GiB."""
   import jax
   from vit_jax.models import footprint
   free = footprint.available_bytes()
