@@ -10,6 +10,7 @@ write them), then
               kept at its own grid and resampled once, in the forward pass
   finetune    the start of a fine-tuning run at both sizes (run_setup: the config's model
               fields from the description, load_pretrained)
+  (and npz.load_npz of the checkpoint exported as an .npz, fitted to a model at 24 px)
 
 each compared with the framework's resized embedding (timm's resample_abs_pos_embed, as its
 dynamic_img_size forward calls it; transformers' interpolate_pos_encoding; open_clip's
@@ -326,6 +327,19 @@ def test_every_resize_path_is_the_frameworks(framework, path, request):
   for size, emb, out in measured:
     assert emb <= EMBEDDING_TOL, f"{row}, {path} at {size} px: embedding {emb:.2e} off"
     assert out is None or out <= LOGITS_TOL, f"{row}, {path} at {size} px: output {out:.2e} off"
+
+
+@pytest.mark.parametrize("framework", [r for r in ROWS if r != "timm DINOv3"], indirect=True)
+def test_an_exported_npz_resizes_as_its_framework(framework, tmp_path):
+  """vit-export's .npz of the checkpoint, fitted to a model at another size by npz.load_npz:
+  the resize its description records (it was bilinear whatever the file said)."""
+  checkpoint.export_npz(framework.spec, str(tmp_path / "out.npz"))
+  loaded = checkpoint.load(framework.spec, image_size=SIZES[0])
+  target = jax.eval_shape(loaded.model.init, jax.random.key(0),
+                          jnp.zeros((1, SIZES[0], SIZES[0], 3)))["params"]
+  params = checkpoint.load_npz(str(tmp_path / "out.npz"), target)
+  np.testing.assert_allclose(_grid(_stored(params), SIZES[0]), framework.embedding(SIZES[0]),
+                             atol=EMBEDDING_TOL)
 
 
 @pytest.mark.parametrize("framework", ["timm DINOv2", "released .npz"], indirect=True)

@@ -283,11 +283,14 @@ def _reset(target_leaf: Any) -> np.ndarray:
 
 def load_npz(path: str, target: Optional[Params] = None) -> dict[str, Any]:
   """Loads a released .npz (any layout). With `target` (e.g. `variables["params"]`
-  of the model to fine-tune) the result is fitted to it: see `fit_to_target`."""
-  flat = load_npz_flat(path)
+  of the model to fine-tune) the result is fitted to it: see `fit_to_target`; the position
+  embedding resized as the file's description says (an export of a timm or transformers
+  checkpoint: its framework's interpolation), else bilinearly, as the official code."""
+  flat, described = split_description(read_npz(path))
   if target is None:
     return unflatten(flat)
-  return fit_to_target(flat, target)
+  method = described.model.get("posemb_interpolation") if described else None
+  return fit_to_target(flat, target, method or "bilinear")
 
 
 def save_npz(path: str, params: Params, description: Any = None) -> None:
