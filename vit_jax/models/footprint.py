@@ -1,5 +1,6 @@
 """What a ViT holds in memory, counted from its shapes: the images a forward pass (feature
-extraction, prediction) can take at once on the memory there is, and the least that a training
+extraction, prediction) can take at once on the memory there is, the micro-batch a
+fine-tuning step can (vit-transfer's accumulation steps), and the least that a training
 step keeps for its backward pass (the compile check refuses a hopeless config with it before
 any compile). Counts, not measurements: tests/test_footprint.py holds them against XLA's own
 memory analysis of the compiled programs."""
@@ -40,6 +41,25 @@ def batch_for(model: Any, image_size: int, wanted: int, devices: int = 1,
   fits = int(SHARE * free) // forward_bytes_per_image(model, image_size) * devices
   batch = max(min(wanted, fits), devices)
   return batch // devices * devices
+
+
+def train_bytes_per_image(model: Any, image_size: int) -> int:
+  """An upper count of one example's share of a training step without remat: every block's
+  forward activations kept for the backward pass, and as much again while it runs. At or
+  above XLA's own count on the CPU, within 3x."""
+  return 2 * (model.num_layers + 1) * forward_bytes_per_image(model, image_size)
+
+
+def accum_steps_for(model: Any, image_size: int, batch: int, devices: int = 1,
+                    free_bytes: int | None = None) -> int:
+  """The fewest gradient-accumulation steps (a power of two dividing `batch`, each micro-batch
+  split over `devices`) whose training step fits SHARE of the memory there is; the most such
+  steps where none does."""
+  free = available_bytes() if free_bytes is None else free_bytes
+  per = train_bytes_per_image(model, image_size)
+  steps = [k for k in (2**i for i in range(batch.bit_length()))
+           if batch % k == 0 and (batch // k) % devices == 0]
+  return next((k for k in steps if batch // k * per <= SHARE * free), steps[-1])
 
 
 def kept_for_backward_bytes(model: Any, image_size: int, dtype_bytes: int = 2) -> int:

@@ -117,7 +117,7 @@ def overrides(ft: FineTune, settings: Settings, described: checkpoint.Descriptio
   train, evaluate = ((task.minitrain, task.minival) if ft.phase == SELECT
                      else (task.train, task.test))
   named = task.name in tasks.TASKS
-  return {
+  return _accumulation(settings, described) | {
       "model_name": model_name(described), **_model_overrides(described),
       "pretrained": ft.checkpoint,
       "data.name": sources.TASK_PREFIX + task.name if named else task.tfds_name,
@@ -127,6 +127,18 @@ def overrides(ft: FineTune, settings: Settings, described: checkpoint.Descriptio
       "batch_size": settings.batch_size, "total_steps": steps, "warmup_steps": warmup,
       "optimizer.lr": ft.lr, "eval_every_steps": None, "cpu_devices": settings.cpu_devices,
   }
+
+
+def _accumulation(settings: Settings, described: checkpoint.Description) -> dict[str, int]:
+  """`accum_steps` where the recipe's batch of the checkpoint's model does not fit the memory
+  here in one step (footprint.accum_steps_for): the same 512 examples an update, in
+  micro-batches; nothing where it fits."""
+  from vit_jax.models import footprint
+  fields = {k.removeprefix("model."): v for k, v in _model_overrides(described).items()}
+  model = models.create_model(model_name(described), num_classes=None, **fields)
+  steps = footprint.accum_steps_for(model, settings.image_size or finetune.IMAGE_SIZE,
+                                    settings.batch_size, settings.cpu_devices or 1)
+  return {"accum_steps": steps} if steps > 1 else {}
 
 
 def _recipe(task: tasks.Task, described: checkpoint.Description) -> str:
