@@ -82,8 +82,8 @@ def test_timm_dinov2_and_clip_match_timm_at_two_sizes(kind, tmp_path, hub_cache)
   assert d.model.get("mlp", "gelu") == ("swiglu" if kind == "dinov2_giant" else "gelu")
   assert d.model["head_bias"] != kind.startswith("clip")
   assert d.preprocessing.mean == tuple(config["pretrained_cfg"]["mean"])
-  for size, kw in ((native, {}), (other, dict(image_size=other)),
-                   (other, dict(dynamic_image_size=True))):
+  # Loading at the other size: test_layouts_posemb.py, for every layout and resize path.
+  for size, kw in ((native, {}), (other, dict(dynamic_image_size=True))):
     run = checkpoint.load(f"hf-hub:timm/{kind}", **kw) if kw else loaded
     x = images(size)
     ours = jax.jit(run.model.apply)({"params": run.params}, x)
