@@ -180,3 +180,14 @@ def test_the_representations_read_the_output_tokens_as_the_dinov2_probe_does(tmp
       classifier="gap")
   with pytest.raises(ValueError, match="no class token; use patch_mean"):
     fewshot_lsr.representation_fn(gap, "class_token+patch_mean")
+
+
+def test_a_split_smaller_than_the_batch_is_one_batch_of_its_size(digits_folder):
+  """20 images are not padded to a batch of 256 (each padded image ran the model, at 518 px
+  ~0.5 GB apiece): the batch is the split's size, split over the devices."""
+  mesh = sharding.make_mesh()
+  batches, _ = fewshot_lsr.dataset_batches(digits_folder, None, "test[:20]", 16, 256,
+                                           sharding.batch_sharding(mesh))
+  [batch] = list(batches())
+  assert batch["image"].shape[0] == -(-20 // mesh.size) * mesh.size
+  assert int(np.sum(batch["mask"])) == 20

@@ -127,9 +127,12 @@ def dataset_batches(name: str, data_dir: str | None, split: str, image_size: int
                     preprocessing: Preprocessing = Preprocessing(),
                     download: bool = False) -> tuple[Callable, int]:
   """A callable giving one masked pass over `split` of a dataset, preprocessed as the model
-  expects, and its class count."""
+  expects, and its class count. Batches hold no more than the split (padded to split over the
+  devices): 20 images are not padded to a batch of 256, each of which the model would run."""
   cfg = _data_config(name, data_dir, split, download, image_size=image_size)
   info = data.dataset_info(cfg)
+  devices = len(sharding.device_set)
+  batch_size = min(batch_size, -(-info.num_eval_examples // devices) * devices)
   return (lambda: data.eval_iterator(cfg, global_batch_size=batch_size, sharding=sharding,
                                      preprocessing=preprocessing), info.num_classes)
 
