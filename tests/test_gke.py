@@ -271,18 +271,25 @@ def test_an_eviction_mid_run_is_restarted_by_the_jobset(tmp_path):
       "the first request", "pod vit-slice-0-0-" + record["capacity"][1]["why"][18:23] + " evicted"]
 
 
-def test_capacity_that_never_comes_ctrl_c_leaves_the_jobset_and_watch_picks_it_up(tmp_path):
-  env, folder = scripted_cluster(tmp_path, [{"pending": 10**9}])
+def up_until(tmp_path, env: dict, text: str) -> tuple[int, str]:
+  """`up` interrupted (Ctrl-C) once a line holds `text`: its exit status and what it said
+  after."""
   p = subprocess.Popen([sys.executable, str(REPO / "launch" / "gke.py"),
                         *up_args("v5litepod-8", "--poll-seconds", "0.05",
                                  workdir=str(tmp_path / "run"), config="quickstart")],
                        env=env, stdout=subprocess.PIPE, text=True, cwd=REPO)
   for line in p.stdout:
-    if "pending for capacity" in line:
+    if text in line:
       p.send_signal(signal.SIGINT)
       break
   rest = p.stdout.read()
-  assert p.wait(timeout=60) == 130
+  return p.wait(timeout=60), rest
+
+
+def test_capacity_that_never_comes_ctrl_c_leaves_the_jobset_and_watch_picks_it_up(tmp_path):
+  env, folder = scripted_cluster(tmp_path, [{"pending": 10**9}])
+  code, rest = up_until(tmp_path, env, "pending for capacity")
+  assert code == 130
   assert "stopped following: JobSet vit goes on. Follow it again: python launch/gke.py watch " \
          "--name vit --cluster c --location us-central1" in rest
   assert not any(c.startswith("delete") for c in calls(folder))
@@ -304,15 +311,7 @@ def test_watch_over_a_running_jobset_records_no_wait_again(tmp_path):
   go = tmp_path / "go"  # The stand-in runs until the test creates it.
   env, folder = scripted_cluster(tmp_path, [{"pending": 2}], python=stand_in(
       tmp_path, f"while [ ! -e {go} ]; do sleep 0.1; done"))
-  p = subprocess.Popen([sys.executable, str(REPO / "launch" / "gke.py"),
-                        *up_args("v5litepod-8", "--poll-seconds", "0.05",
-                                 workdir=str(tmp_path / "run"), config="quickstart")],
-                       env=env, stdout=subprocess.PIPE, text=True, cwd=REPO)
-  for line in p.stdout:
-    if "pods: 1 running" in line:
-      p.send_signal(signal.SIGINT)
-      break
-  assert p.wait(timeout=60) == 130
+  assert up_until(tmp_path, env, "pods: 1 running")[0] == 130
   watch = subprocess.Popen([sys.executable, str(REPO / "launch" / "gke.py"), "watch", *CLUSTER,
                             "--poll-seconds", "0.05"], env=env, stdout=subprocess.PIPE,
                            text=True, cwd=REPO)
