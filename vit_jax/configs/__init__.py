@@ -96,7 +96,7 @@ def get_config(spec: str) -> ml_collections.ConfigDict:
   try:
     return module.get_config() if arg is None else module.get_config(arg)
   except Exception as e:  # noqa: BLE001  Whatever a config's get_config says of its ARG.
-    raise ConfigError(f"--config {spec}: {_reason(e)}; {accepted_forms(spec)}") from None
+    raise ConfigError(f"--config {spec}: {_reason(e)}; {accepted_forms(spec)}") from e
 
 
 def accepted_forms(spec: str) -> str:

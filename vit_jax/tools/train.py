@@ -152,8 +152,8 @@ def _bad_override(argv: list[str]) -> str | None:
   or what the config's get_config said of its ARG."""
   try:
     config = _config_file(argv)
-  except ConfigError as e:  # The config file's own refusal (of `NAME:ARG`): its one line.
-    return str(e)
+  except ConfigError as e:  # Its get_config's refusal, in one line; or a field it moved.
+    return (e.__cause__ is not None and _moved_in_file(e.__cause__)) or str(e)
   except Exception as e:  # Reported by absl's own message instead, unless a field moved.
     return _moved_in_file(e)
   for arg in (a for a in argv if a.startswith("--config.")):
