@@ -225,8 +225,11 @@ def play_event(name: str) -> None:
   with State() as s:
     event, nodes = history()[s["qr"]["request"]]["then"], s["qr"]["nodes"]
   log = DIR / "home" / name / "vit_jax" / "logs" / "train.log"
+  deadline = time.time() + 900  # A job that never gets there (its test failed or was stopped).
   while not any(int(m) >= event["at_step"] for m in re.findall(
       r"^step (\d+)/", log.read_text() if log.exists() else "", re.M)):
+    if time.time() > deadline or not DIR.exists():
+      return
     time.sleep(0.01)
   kind = event["event"]
   with State() as s:  # The service says so first, as it takes the machines away.

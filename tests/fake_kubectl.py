@@ -344,8 +344,11 @@ def play_event(name: str) -> None:
   with State() as s:
     event = history(int(s["pods"][name]["labels"]["jobset.sigs.k8s.io/restart-attempt"]))["then"]
   log = DIR / "pods" / f"{name}.log"
+  deadline = time.time() + 900  # A pod that never gets there (its test failed or was stopped).
   while not any(int(m) >= event["at_step"] for m in re.findall(
       r"^step (\d+)/", log.read_text() if log.exists() else "", re.M)):
+    if time.time() > deadline or not DIR.exists():
+      return
     time.sleep(0.01)
   kind = event["event"]
   with State() as s:  # The pod's status first, as the kubelet or the Eviction API writes it.
