@@ -407,7 +407,7 @@ def check_not_hopeless(c: ml_collections.ConfigDict, topology: Topology,
   per_example = footprint.kept_for_backward_bytes(model, c.data.image_size,
                                                   jnp.dtype(c.dtype).itemsize)
   kept = c.batch_size / (accum * devices) * per_example
-  hbm = topology.chip.hbm_bytes / topology.chip.devices_per_chip
+  hbm = topology.device.hbm_bytes
   if kept <= hbm:
     return
   largest = int(hbm // per_example) * accum * devices
