@@ -177,7 +177,7 @@ def test_each_field_declares_its_role_and_the_lists_of_fields_follow():
   for field, kind in config_lib.MODEL_FIELDS.items():  # Typed as the command line sets them.
     c.model[field] = example[kind]
   assert set(c.model) == of(Role.ARCHITECTURE, Role.LAYOUT, Role.COMPUTATION, Role.PRE_LOGITS,
-                            Role.INIT, Role.REGULARISATION, Role.RUNTIME)
+                            Role.INIT, Role.REGULARISATION, Role.EXECUTION)
   assert [config_lib.MODEL_FIELDS[f] for f in ("representation_size", "resnet_layers",
                                                "attention_impl")] == [int, tuple, str]
   meta = run_setup.run_meta(c, num_classes=10, total_steps=1, warmup_steps=0)

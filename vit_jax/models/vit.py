@@ -43,7 +43,7 @@ class Role(enum.Enum):
   PRE_LOGITS = "pre_logits"
   INIT = "init"  # How parameters start: a new head's, a loaded position embedding's resizing.
   REGULARISATION = "regularisation"  # A run's trajectory, not its model.
-  RUNTIME = "runtime"  # How it runs: a resumed run may change it.
+  EXECUTION = "execution"  # How it executes (memory, kernels): a resumed run may change it.
   CLASSES = "classes"  # The head's outputs: the data's class count.
   PRECISION = "precision"  # The computation dtype: config.dtype, not config.model.
   LORA = "lora"  # Adapters: config.lora, not config.model.
@@ -321,14 +321,14 @@ class VisionTransformer(nn.Module):
   lora_alpha: Optional[float] = _field(Role.LORA, None)
   lora_targets: Sequence[str] = _field(Role.LORA, lora_lib.DEFAULT_TARGETS)
   # Any input resolution: the position embedding resampled in the forward pass.
-  dynamic_image_size: bool = _field(Role.RUNTIME, False)
+  dynamic_image_size: bool = _field(Role.EXECUTION, False)
   # Or "bicubic" (timm's), "bicubic_no_antialias" (transformers') (posemb_resize.METHODS);
   # also how a loaded embedding is resized to the grid.
   posemb_interpolation: str = _field(Role.INIT, "bilinear")
-  remat: bool = _field(Role.RUNTIME, False)
+  remat: bool = _field(Role.EXECUTION, False)
   dtype: Any = _field(Role.PRECISION, jnp.float32)
   # attention.IMPLS; "auto": the device's fused kernel (cuDNN, Pallas on TPU) where it runs.
-  attention_impl: Optional[str] = _field(Role.RUNTIME, "auto")
+  attention_impl: Optional[str] = _field(Role.EXECUTION, "auto")
   name_in_registry: Optional[str] = _field(Role.INTERNAL, None)
 
   @property

@@ -44,8 +44,8 @@ def _jsonable(tree: Any) -> Any:
 
 _REGULARISATION = models.registry.fields_of(models.Role.REGULARISATION)
 # Not what the parameters depend on: the trajectory records regularisation, and how the model
-# runs may change when a run resumes.
-_OFF_MODEL = _REGULARISATION + models.registry.fields_of(models.Role.RUNTIME)
+# executes may change when a run resumes.
+_OFF_MODEL = _REGULARISATION + models.registry.fields_of(models.Role.EXECUTION)
 
 
 def _model_fields(c: ml_collections.ConfigDict) -> dict[str, Any]:
