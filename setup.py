@@ -93,13 +93,13 @@ setuptools.setup(
     extras_require=EXTRAS,
     entry_points={
         "console_scripts": [
-            "vit-train=vit_jax.tools.train:run",
-            "vit-fewshot=vit_jax.tools.fewshot:run",
-            "vit-transfer=vit_jax.tools.transfer:run",
-            "vit-export=vit_jax.tools.export:run",
-            "vit-predict=vit_jax.tools.predict:run",
-            "vit-zoo=vit_jax.tools.zoo:run",
-            "vit-inspect=vit_jax.tools.inspect_checkpoint:run",
+            "vit-train=vit_jax.tools.train:main",
+            "vit-fewshot=vit_jax.tools.fewshot:main",
+            "vit-transfer=vit_jax.tools.transfer:main",
+            "vit-export=vit_jax.tools.export:main",
+            "vit-predict=vit_jax.tools.predict:main",
+            "vit-zoo=vit_jax.tools.zoo:main",
+            "vit-inspect=vit_jax.tools.inspect_checkpoint:main",
         ],
     },
 )

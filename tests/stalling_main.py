@@ -29,7 +29,7 @@ def main() -> None:
     return loss
 
   losses.mean_loss = stalling_mean_loss
-  vit_main.run()
+  vit_main.main()
 
 
 if __name__ == "__main__":

@@ -308,15 +308,15 @@ def test_python_m_vit_jax_main_is_vit_train(tmp_path):
 
 
 def test_a_command_ends_with_its_status_past_idle_pools_and_with_its_atexit_work_done():
-  """cli.run skips the interpreter's finalisation only: a thread pool left idle (as TFDS and
-  orbax leave theirs) is shut down, not waited on forever, and atexit handlers still run."""
+  """cli.exit_with skips the interpreter's finalisation only: a thread pool left idle (as TFDS
+  and orbax leave theirs) is shut down, not waited on forever, and atexit handlers still run."""
   script = """
 import atexit, concurrent.futures
 from vit_jax.tools import cli
 atexit.register(lambda: print("atexit ran", flush=True))
 pool = concurrent.futures.ThreadPoolExecutor(2)
 pool.submit(print, "pool ran")
-cli.run(lambda: 3)
+cli.exit_with(lambda: 3)
 """
   run = subprocess.run([sys.executable, "-c", script], env=cpu_env(), cwd=REPO,
                        capture_output=True, text=True, timeout=60)

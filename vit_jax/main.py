@@ -8,6 +8,6 @@ A command line, as vit_jax/tools' are: importing this module runs nothing.
 """
 
 if __name__ == "__main__":
-  from vit_jax.tools.train import run
+  from vit_jax.tools.train import main
 
-  run()
+  main()

@@ -74,21 +74,24 @@ def stopped(e: BaseException) -> int:
   return e.exit_status
 
 
-def command(main: Callable[[list[str]], int]) -> Main:
-  """A command's `main(argv) -> status`, called with sys.argv's arguments when argv is None;
-  an input error becomes one line on stderr and status 2, a stop by a signal one line and
-  128 + its number."""
+def command(body: Callable[[list[str]], int]) -> Main:
+  """A command's `main`: `main(argv)` runs `body` in this process and returns its status (an
+  input error one line on stderr and status 2, a stop by a signal one line and 128 + its
+  number); `main()`, the console script, runs it on sys.argv's arguments and ends the process
+  with that status (exit_with)."""
 
-  @functools.wraps(main)
-  def wrapped(argv: Sequence[str] | None = None) -> int:
+  @functools.wraps(body)
+  def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:
+      exit_with(lambda: main(sys.argv[1:]))
     try:
-      return main(list(sys.argv[1:] if argv is None else argv))
+      return body(list(argv))
     except INPUT_ERRORS as e:
       return input_error(e)
     except (stop_signals.Interrupted, KeyboardInterrupt) as e:
       return stopped(e)
 
-  return wrapped
+  return main
 
 
 def check_checkpoints(paths: Sequence[str]) -> None:
@@ -388,9 +391,9 @@ def start_tensorflow(datasets: bool = True) -> None:
     tfds.display_progress_bar(_shown["verbose"])
 
 
-def run(main: Callable[[], int | None]) -> NoReturn:
-  """The entry point of `python -m` and the console scripts: exits with main's status (or the
-  status main exits with) as exit_now does."""
+def exit_with(main: Callable[[], int | None]) -> NoReturn:
+  """Ends the process with main's status (or the status main exits with), as exit_now does:
+  what a console script's `main()` does."""
   try:
     status = main()
   except SystemExit as e:

@@ -118,9 +118,5 @@ def export_serving(args: argparse.Namespace) -> int:
   return 0
 
 
-def run() -> None:
-  cli.run(main)
-
-
 if __name__ == "__main__":
-  run()
+  main()

@@ -229,9 +229,5 @@ def main(argv: list[str]) -> int:
   return jobs.finish(failures, "probes")
 
 
-def run() -> None:
-  cli.run(main)
-
-
 if __name__ == "__main__":
-  run()
+  main()

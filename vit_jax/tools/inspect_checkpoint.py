@@ -318,9 +318,5 @@ def main(argv: list[str]) -> int:
   return 0
 
 
-def run() -> None:
-  cli.run(main)
-
-
 if __name__ == "__main__":
-  run()
+  main()

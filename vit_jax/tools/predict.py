@@ -189,9 +189,5 @@ def main(argv: list[str]) -> int:
   return jobs.finish(unreadable, "images")
 
 
-def run() -> None:
-  cli.run(main)
-
-
 if __name__ == "__main__":
-  run()
+  main()

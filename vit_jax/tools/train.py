@@ -198,7 +198,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   if any(a in ("-h", "-help", "--help", "--helpshort", "-?") for a in argv[1:]):
     print(usage())
     sys.exit(0)
-  cli.route_logs(hold=True)  # Until main knows the log file.
+  cli.route_logs(hold=True)  # Until _train_or_compile knows the log file.
   logging.info("Command: %s", shlex.join(sys.orig_argv))
   # The shipped configs import no TensorFlow (seconds): a wrong flag is told before it loads.
   with cli.native_logs():  # A config file of the user's may import it: its C++ lines.
@@ -234,7 +234,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     cli.check_apart("--workdir", FLAGS.workdir, {
         "config.pretrained": [c.get("pretrained")], "config.data.name": [c.data.get("name")],
         "config.data.data_dir": [c.data.get("data_dir")]})
-    if not (FLAGS.distributed or FLAGS.coordinator_address):  # Else process 0's, in main.
+    if not (FLAGS.distributed or FLAGS.coordinator_address):  # Else process 0's, in _train_or_compile.
       from vit_jax.checkpoint import workdir_lock
       workdir_lock.check_free(FLAGS.workdir)  # Before TensorFlow's and JAX's seconds.
   except (OSError, InputError) as e:
@@ -447,7 +447,8 @@ def _own_workdir() -> "workdir_lock.Lock | None":
     cli.fail(e)
 
 
-def main(argv) -> None:
+def _train_or_compile(argv: list[str]) -> None:
+  """absl's main: the run, or with --compile_only / --plan the compile for a TPU slice."""
   del argv
   verbose = FLAGS.verbose or FLAGS.alsologtostderr or FLAGS.logtostderr
   if _compiling():
@@ -614,9 +615,11 @@ def _train(jax, verbose: bool) -> None:
     console.summary(metrics)
 
 
-def run() -> None:
-  cli.run(lambda: app.run(main, flags_parser=parse_flags))
+def main() -> NoReturn:
+  """The console script: absl parses sys.argv (parse_flags), then the process ends with the
+  run's status."""
+  cli.exit_with(lambda: app.run(_train_or_compile, flags_parser=parse_flags))
 
 
 if __name__ == "__main__":
-  run()
+  main()

@@ -267,9 +267,5 @@ def main(argv: list[str]) -> int:
                       for (c, t), why in failures.items()}, "tasks")
 
 
-def run() -> None:
-  cli.run(main)
-
-
 if __name__ == "__main__":
-  run()
+  main()

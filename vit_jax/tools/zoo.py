@@ -193,9 +193,5 @@ def main(argv: list[str]) -> int:
   return args.func(args)
 
 
-def run() -> None:
-  cli.run(main)
-
-
 if __name__ == "__main__":
-  run()
+  main()
