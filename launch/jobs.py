@@ -2,7 +2,7 @@
 sweep (`vit-transfer CKPT --suite vtab1k --out_dir DIR --launch slurm -- FLAGS` hands them
 here), or any list of vit_jax command lines.
 
-  # Each line of standard input: the arguments of one `python -m vit_jax.tools.TOOL` run,
+  # Each line of standard input: the arguments of one `python -m vit_jax.tools.TOOL` job,
   # e.g. `hf-hub:google/vit-base-patch16-224-in21k --suite cifar10 --out_dir /shared/vtab`.
   python launch/jobs.py slurm --tool transfer --gpus-per-node 8 --partition gpu < JOBS
   python launch/jobs.py hosts --tool transfer --hosts gpu0,gpu1 < JOBS
@@ -17,7 +17,7 @@ host) keeps --then from running on a partial result.
 tpu_vm: single-host TPU VMs made by `launch/tpu_vm.py create` and `setup`; the lines are dealt
 to them in turn, each VM runs its share one after another, detached, logging where
 `launch/tpu_vm.py logs` reads.
---then ARGS: one more run of the tool once the jobs have ended (a sweep's report): on SLURM a
+--then ARGS: one more job of the tool once the jobs have ended (a sweep's report): on SLURM a
 job that waits for them all, on hosts after them on the first host, on TPU VMs at the end of
 each VM's share (the VM that finishes last runs it over everything).
 Every job must see the same paths (a shared file system, or gs:// on TPU VMs).
@@ -146,7 +146,7 @@ def _say(message: str) -> None:
 _SSH_FAILED, _NOT_STARTED = 255, 127
 
 
-def _run(prefix: str, cmd: list[str]) -> int:
+def _execute(prefix: str, cmd: list[str]) -> int:
   _say(f"{prefix}: {shlex.join(cmd)}")
   try:
     p = subprocess.Popen(cmd, cwd=common.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -160,7 +160,7 @@ def _run(prefix: str, cmd: list[str]) -> int:
   return code
 
 
-def run_on_hosts(slots: list[str], jobs: list[list[str]],
+def execute_on_hosts(slots: list[str], jobs: list[list[str]],
                  command: Callable[[str, list[str]], list[str]],
                  then: list[str] | None = None) -> int:
   """Each slot (a host, as often as it is named) runs the next waiting job when free, as
@@ -176,7 +176,7 @@ def run_on_hosts(slots: list[str], jobs: list[list[str]],
         i, job = waiting.get_nowait()
       except queue.Empty:
         return
-      codes[i] = _run(f"job {i} on {host}", command(host, job))
+      codes[i] = _execute(f"job {i} on {host}", command(host, job))
 
   threads = [threading.Thread(target=slot, args=(h,), daemon=True) for h in slots]
   for t in threads:
@@ -189,7 +189,7 @@ def run_on_hosts(slots: list[str], jobs: list[list[str]],
   # nothing, so a report would be silently partial.
   unrun = [i for i, c in enumerate(ordered) if c in (_SSH_FAILED, _NOT_STARTED)]
   if then is not None and not unrun:
-    ordered.append(_run("then", command(slots[0], then)))
+    ordered.append(_execute("then", command(slots[0], then)))
   if failed:
     skipped = (f"; --then not run, since job(s) {', '.join(map(str, unrun))} could not run"
                if then is not None and unrun else "")
@@ -248,7 +248,7 @@ def handle(args: argparse.Namespace) -> int:
     common.execute(dealt + ([host_command(args, hosts[0], then)] if then else []), True)
     return 0
   check_reachable(hosts)
-  return run_on_hosts(hosts, jobs, lambda host, job: host_command(args, host, job), then)
+  return execute_on_hosts(hosts, jobs, lambda host, job: host_command(args, host, job), then)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -273,7 +273,7 @@ def parser() -> argparse.ArgumentParser:
   for s in (slurm, hosts, tpu):
     s.add_argument("--tool", required=True, type=_tool,
                    help="the vit_jax.tools module each line runs, e.g. transfer")
-    s.add_argument("--then", help="the arguments of one more run once the jobs have ended")
+    s.add_argument("--then", help="the arguments of one more job once the jobs have ended")
     common.add_common_flags(s)
     if s is not tpu:
       s.add_argument("--python", default=sys.executable,

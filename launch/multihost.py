@@ -90,7 +90,7 @@ def hosts_commands(args: argparse.Namespace) -> list[list[str]]:
   return commands
 
 
-def run_processes(commands: Sequence[Sequence[str]]) -> int:
+def execute_processes(commands: Sequence[Sequence[str]]) -> int:
   """Starts all commands at once and prefixes their output with [i]; when one fails,
   stops the others. Returns the exit code of the first to fail (128 + N for signal N), or 0."""
   procs, threads = [], []
@@ -143,7 +143,7 @@ def handle(args: argparse.Namespace) -> int:
       raise LaunchError("srun not found: run this on a SLURM login node (or use --dry-run).")
     common.execute(commands, dry_run=False)
     return 0
-  return run_processes(commands)
+  return execute_processes(commands)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,5 +1,5 @@
 """Cloud TPU VMs: create one (a single host or a pod slice), install this project on every
-worker, run a config on all of them, follow the log, delete it.
+worker, start a config's training job on all of them, follow the log, delete it.
 
   python launch/tpu_vm.py up --name vit --zone us-central2-b --accelerator-type v4-32 \
       --config pretrain:b16,i1k --workdir gs://BUCKET/vit_b16 -- --config.batch_size=4096
@@ -9,12 +9,12 @@ worker, run a config on all of them, follow the log, delete it.
   python launch/tpu_vm.py logs --name vit --zone us-central2-b
   python launch/tpu_vm.py delete --name vit --zone us-central2-b
 
-`up` is `create`, `setup` and `run` in turn; each is also a command of its own. Every
+`up` is `create`, `setup` and `start` in turn; each is also a command of its own. Every
 command takes --dry-run, which prints the gcloud commands instead of running them. The
 job runs detached (it survives the ssh session) with --distributed on pod slices, where
 jax.distributed.initialize() finds the other workers by itself.
 
-`up` and `run` first compile the config's steps for the accelerator type here (`vit-train
+`up` and `start` first compile the config's steps for the accelerator type here (`vit-train
 --compile_only`, libtpu without a TPU) and stop, before any gcloud command, if it does not fit
 the chips' memory, naming the change that makes it fit; --no-preflight skips that.
 
@@ -158,8 +158,8 @@ def setup_commands(args: argparse.Namespace, tpu: Slice) -> list[list[str]]:
   ]
 
 
-def run_commands(args: argparse.Namespace, tpu: Slice,
-                 env: dict[str, str] | None = None) -> list[list[str]]:
+def train_commands(args: argparse.Namespace, tpu: Slice,
+                   env: dict[str, str] | None = None) -> list[list[str]]:
   """Copies a config file of the user's to every worker (a shipped config is installed there
   already) and starts the job there, detached, logging to LOG, with `env` set; its exit
   status goes to EXIT."""
@@ -243,7 +243,7 @@ def start_commands(args: argparse.Namespace, tpu: Slice, setup: bool,
     node_env = {**(_multislice_env(args, i, coordinator) if args.num_slices > 1 else {}),
                 **(env or {})}
     commands += ((setup_commands(node, tpu) if setup else []) +
-                 run_commands(node, tpu, node_env or None))
+                 train_commands(node, tpu, node_env or None))
   return commands
 
 
@@ -358,19 +358,19 @@ def handle(args: argparse.Namespace) -> int:
   else:
     tpu = resolve_slice(args.accelerator_type, args.zone, args.version, args.allow_unlisted)
     _check_flags(args, tpu)
-    # The run's commands first: building them checks the config and workdir.
-    run = run_commands(args, tpu) if args.command in ("run", "up", "watch") else []
-    if run and not args.no_preflight and args.command != "watch":
+    # The training job's commands first: building them checks the config and workdir.
+    train = train_commands(args, tpu) if args.command in ("start", "up", "watch") else []
+    if train and not args.no_preflight and args.command != "watch":
       preflight(args)
     if getattr(args, "queued", False):
       _check_gcloud(args)
       return handle_queued(args, tpu)
     create = create_commands(args, tpu) if args.command in ("create", "up") else []
     setup = setup_commands(args, tpu) if args.command in ("setup", "up") else []
-    commands = create + setup + run
+    commands = create + setup + train
   _check_gcloud(args)
   common.execute(commands, args.dry_run)
-  if args.command in ("run", "up") and not args.dry_run:
+  if args.command in ("start", "up") and not args.dry_run:
     print(f"Started. Follow it: python launch/tpu_vm.py logs --name {args.name} --zone {args.zone}")
   return 0
 
@@ -389,9 +389,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def parser() -> argparse.ArgumentParser:
   p = common.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = p.add_subparsers(dest="command", required=True)
-  helps = {"up": "create + setup + run", "create": "create the TPU VM",
+  helps = {"up": "create + setup + start", "create": "create the TPU VM",
            "setup": "copy and install this project on every worker",
-           "run": "run a config on every worker", "logs": "follow a worker's log",
+           "start": "start the config's training job on every worker", "logs": "follow a worker's log",
            "delete": "delete the TPU VM (--queued: the queued resource and its nodes)",
            "watch": "follow a job started by `up --queued`, bringing it back as --recover "
                     "does (the same flags as that `up`)"}
@@ -420,7 +420,7 @@ def parser() -> argparse.ArgumentParser:
     if name in ("setup", "up", "watch"):
       s.add_argument("--python", type=_python, default="3.12",
                      help="Python version of the workers' venv")
-    if name in ("run", "up", "watch"):
+    if name in ("start", "up", "watch"):
       s.add_argument("--config", required=True, type=common.nonempty,
                      help="a config of vit_jax by name (pretrain:b16,i1k) or a file, path.py[:arg]")
       s.add_argument("--workdir", required=True, type=common.nonempty,

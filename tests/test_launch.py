@@ -41,11 +41,11 @@ def tpu_up(accelerator_type: str, zone: str, workdir: str, *extra: str,
                  *extra)
 
 
-def remote_train(run: list[str]) -> list[str]:
-  """The `vit-train` command line that `run` starts on the workers."""
-  remote = shlex.split(flag(run, "--command"))
+def remote_train(job: list[str]) -> list[str]:
+  """The `vit-train` command line that `start` starts on the workers."""
+  remote = shlex.split(flag(job, "--command"))
   assert remote[:2] == ["cd", "vit_jax"]
-  train, keep = remote[remote.index("-c") + 1].rsplit("; ", 1)  # The run, its status kept.
+  train, keep = remote[remote.index("-c") + 1].rsplit("; ", 1)  # The training job, its status kept.
   assert keep == "echo $? > logs/train.exit"
   assert remote[-5:] == ["&", "echo", "$!", ">", "logs/train.pid"]  # Whose end EXIT tells.
   return shlex.split(train)
@@ -53,23 +53,23 @@ def remote_train(run: list[str]) -> list[str]:
 
 def test_single_host_tpu():
   """A shipped config is installed with the package: named, not copied."""
-  create, mkdir, copy, install, run = tpu_up("v4-8", "us-central2-b", "runs/b16")
+  create, mkdir, copy, install, job = tpu_up("v4-8", "us-central2-b", "runs/b16")
   assert create == ["gcloud", "compute", "tpus", "tpu-vm", "create", "vit",
                     "--accelerator-type=v4-8", "--version=tpu-ubuntu2204-base",
                     "--zone=us-central2-b"]
-  assert all("--worker=all" not in cmd for cmd in (mkdir, copy, install, run))
+  assert all("--worker=all" not in cmd for cmd in (mkdir, copy, install, job))
   assert copy[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "scp", "--recurse"]
   assert copy[6:9] == [f"{REPO}/vit_jax", f"{REPO}/setup.py", "vit:vit_jax/"]
   assert "./vit_jax[tpu]" in flag(install, "--command")
-  assert remote_train(run) == [".venv/bin/python", "-m", "vit_jax.tools.train", "--config",
+  assert remote_train(job) == [".venv/bin/python", "-m", "vit_jax.tools.train", "--config",
                                "finetune:b16,cifar10", "--workdir", "runs/b16"]
 
 
 def test_a_config_file_of_ones_own_is_copied_to_the_workers():
-  *_, copy_config, run = tpu_up("v4-8", "us-central2-b", "runs/b16",
+  *_, copy_config, job = tpu_up("v4-8", "us-central2-b", "runs/b16",
                                 config="tests/tiny_config.py:anything")
   assert copy_config[4:7] == ["scp", TINY_CONFIG, "vit:vit_jax/run_configs/"]
-  assert remote_train(run)[3:5] == ["--config", "run_configs/tiny_config.py:anything"]
+  assert remote_train(job)[3:5] == ["--config", "run_configs/tiny_config.py:anything"]
 
 
 def test_pod_slice_runs_on_every_worker():
@@ -209,9 +209,9 @@ def test_the_first_failure_is_the_exit_status_whatever_the_order():
   from launch import multihost
   sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
   failing = [sys.executable, "-c", "import sys, time; time.sleep(0.5); sys.exit(3)"]
-  assert multihost.run_processes([sleeper, failing]) == 3
+  assert multihost.execute_processes([sleeper, failing]) == 3
   killed = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
-  assert multihost.run_processes([sleeper, killed]) == 128 + 9
+  assert multihost.execute_processes([sleeper, killed]) == 128 + 9
 
 
 def test_independent_jobs_all_run_past_a_failure_then_the_last_step(tmp_path):
@@ -223,7 +223,7 @@ def test_independent_jobs_all_run_past_a_failure_then_the_last_step(tmp_path):
       f"import sys, time; time.sleep(0.3); open({str(log)!r}, 'a').write('{name} '); "
       f"sys.exit({code})")]
   as_given = lambda host, cmd: cmd  # noqa: E731
-  assert jobs.run_on_hosts(["localhost"] * 2, [job("a", 0), job("b", 4), job("c", 0)],
+  assert jobs.execute_on_hosts(["localhost"] * 2, [job("a", 0), job("b", 4), job("c", 0)],
                            as_given, then=job("then", 0)) == 4
   order = log.read_text().split()
   assert sorted(order[:3]) == ["a", "b", "c"] and order[3] == "then"
@@ -239,7 +239,7 @@ def test_a_job_that_could_not_run_keeps_the_last_step_from_a_partial_report(tmp_
   log = tmp_path / "ran"
   job = lambda name, code: [sys.executable, "-c", (  # noqa: E731
       f"import sys; open({str(log)!r}, 'a').write('{name} '); sys.exit({code})")]
-  assert jobs.run_on_hosts(["localhost"], [job("a", 255), job("b", 0)], lambda h, c: c,
+  assert jobs.execute_on_hosts(["localhost"], [job("a", 255), job("b", 0)], lambda h, c: c,
                            then=job("then", 0)) == 255
   assert sorted(log.read_text().split()) == ["a", "b"]
   [line] = capsys.readouterr().err.splitlines()
@@ -281,7 +281,7 @@ def test_queued_up_with_recovery_prints_every_command_it_may_run():
                     "--valid-until-duration=6h", "--zone=us-west4-a"]
   assert wait == poll_qr == ["gcloud", "compute", "tpus", "queued-resources", "describe", "vit",
                              "--format=json", "--zone=us-west4-a"]
-  assert [c[4] for c in start] == ["ssh", "scp", "ssh", "ssh"]  # mkdir, copy, install, run.
+  assert [c[4] for c in start] == ["ssh", "scp", "ssh", "ssh"]  # mkdir, copy, install, start.
   assert remote_train(start[-1])[3:] == ["--config", "quickstart", "--workdir", "gs://bucket/run",
                                          "--distributed"]
   assert poll_node[4:6] == ["describe", "vit"] and flag(poll_job, "--command") == (
@@ -298,10 +298,10 @@ def test_multislice_asks_for_one_queued_resource_and_joins_its_slices():
   assert "--node-count=2" in create and "--node-prefix=vit" in create
   assert "--best-effort" in create
   assert coordinator[4:6] == ["describe", "vit-0"]
-  runs = [c for c in start if "--command" in c and "vit_jax.tools.train" in flag(c, "--command")]
-  assert [c[5] for c in runs] == ["vit-0", "vit-1"]
-  for slice_id, run in enumerate(runs):
-    env = remote_train(run)
+  jobs = [c for c in start if "--command" in c and "vit_jax.tools.train" in flag(c, "--command")]
+  assert [c[5] for c in jobs] == ["vit-0", "vit-1"]
+  for slice_id, job in enumerate(jobs):
+    env = remote_train(job)
     assert env[:5] == ["env", "MEGASCALE_COORDINATOR_ADDRESS=IP_OF_vit-0_WORKER_0",
                        "MEGASCALE_PORT=8080", "MEGASCALE_NUM_SLICES=2",
                        f"MEGASCALE_SLICE_ID={slice_id}"]
@@ -311,9 +311,9 @@ def test_single_host_slices_joined_make_a_distributed_run_on_a_bucket():
   """Two v5litepod-8 slices have one host each, yet the run is two processes on two machines:
   jax.distributed joins them, and only a bucket is a workdir both see."""
   two = ["up", "--queued", "--num-slices", "2", *QUEUED, "--accelerator-type", "v5litepod-8"]
-  runs = [c for c in dry_run("tpu_vm.py", *two, *RUN)
+  jobs = [c for c in dry_run("tpu_vm.py", *two, *RUN)
           if "--command" in c and "vit_jax.tools.train" in flag(c, "--command")]
-  assert [remote_train(run)[-2:] for run in runs] == [["gs://bucket/run", "--distributed"]] * 2
+  assert [remote_train(job)[-2:] for job in jobs] == [["gs://bucket/run", "--distributed"]] * 2
   local = launch("tpu_vm.py", *two, "--config", "quickstart", "--workdir", "/tmp/run",
                  "--dry-run")
   assert local.returncode == 2 and "--workdir /tmp/run: the 2 slices share no disk" in (
@@ -577,7 +577,7 @@ TPU = {"--name": "vit", "--zone": "us-west4-a"}
 SLICE = {**TPU, "--accelerator-type": "v5litepod-8"}
 JOB = {"--config": "quickstart", "--workdir": "gs://bucket/run", "--no-preflight": None}
 VERBS = {
-    "tpu_vm.py create": SLICE, "tpu_vm.py setup": SLICE, "tpu_vm.py run": {**SLICE, **JOB},
+    "tpu_vm.py create": SLICE, "tpu_vm.py setup": SLICE, "tpu_vm.py start": {**SLICE, **JOB},
     "tpu_vm.py up": {**SLICE, **JOB}, "tpu_vm.py watch": {**SLICE, **JOB},
     "tpu_vm.py logs": TPU, "tpu_vm.py delete": TPU,
     "multihost.py slurm": {"--nodes": "2", "--config": "quickstart", "--workdir": "/w"},
