@@ -34,7 +34,7 @@ import numpy as np
 from vit_jax import checkpoint  # Its names load when used: a refusal waits for no JAX.
 from vit_jax.checkpoint import description
 from vit_jax.serving import formats
-from vit_jax.tools import cli
+from vit_jax.tools import cli, logs
 
 FORMATS = ("npz", "adapters", *formats.FORMATS)
 # What a SavedModel folder holds (TensorFlow's layout; the description in assets.extra): a
@@ -89,7 +89,7 @@ def main(argv: list[str]) -> int:
     cli.fail(f"OUT {args.out}: the file is no {args.format} file that vit-export wrote (it "
              "carries no vit_jax description), and exporting would replace it: give another "
              "path, or delete it first")
-  cli.route_logs(verbose=args.verbose)
+  logs.route_logs(verbose=args.verbose)
   if args.format == "npz":
     described = checkpoint.export_npz(args.checkpoint, args.out, args.base)
   elif args.format == "adapters":
@@ -103,10 +103,10 @@ def main(argv: list[str]) -> int:
 def export_serving(args: argparse.Namespace) -> int:
   """Writes a serving format, then runs it in its runtime beside JAX (convert.check): a
   model that gives other logits is removed and reported in one line, status 1."""
-  cli.start_tensorflow(datasets=False)  # The serving formats': its C++ start-up lines.
+  logs.start_tensorflow(datasets=False)  # The serving formats': its C++ start-up lines.
   from vit_jax.serving import convert  # JAX and the converters: after the checks.
   try:
-    with cli.native_logs():  # The converters' C++ lines.
+    with logs.native_logs():  # The converters' C++ lines.
       exported = convert.export(args.checkpoint, args.out, args.format, args.model,
                                 args.image_size, base=args.base)
   except convert.Mismatch as e:

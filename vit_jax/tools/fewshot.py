@@ -21,7 +21,7 @@ import numpy as np
 
 from vit_jax import checkpoint, data  # Their names load when used: not before the checks.
 from vit_jax.evaluators import fewshot_lsr
-from vit_jax.tools import cli, jobs
+from vit_jax.tools import cli, jobs, logs
 
 
 OUTPUTS = ("fewshot.csv", "fewshot.md", "fewshot.png")
@@ -216,8 +216,8 @@ def main(argv: list[str]) -> int:
       "CKPT": paths, "--datasets": args.datasets.split(","), "--data_dir": [args.data_dir],
       "--base": [args.base]})
   cli.check_owned("--out_dir", args.out_dir, OUTPUTS.__contains__, ", ".join(OUTPUTS))
-  cli.route_logs(verbose=args.verbose)
-  cli.start_tensorflow()
+  logs.route_logs(verbose=args.verbose)
+  logs.start_tensorflow()
   try:
     _, failures = sweep(paths, args.model, args.datasets.split(","), args.data_dir,
                         args.train_split, args.test_split, args.image_size, args.batch_size,

@@ -28,7 +28,7 @@ import numpy as np
 from etils import epy
 
 from vit_jax import checkpoint
-from vit_jax.tools import cli
+from vit_jax.tools import cli, logs
 
 from vit_jax.serving import formats
 
@@ -284,10 +284,10 @@ def main(argv: list[str]) -> int:
     cli.check_apart("--figures", args.figures, {
         "CKPT": [args.checkpoint], "--images": [args.images], "--data_dir": [args.data_dir],
         "--base": [args.base]})
-  cli.route_logs(verbose=args.verbose)
+  logs.route_logs(verbose=args.verbose)
   if formats.format_of(args.checkpoint):
-    cli.start_tensorflow(datasets=False)
-    with cli.native_logs():
+    logs.start_tensorflow(datasets=False)
+    with logs.native_logs():
       from vit_jax.serving import runners
       runner = runners.open_model(args.checkpoint)  # Reported only if its runtime opens it.
     described = formats.describe(args.checkpoint).to_dict()
@@ -298,7 +298,7 @@ def main(argv: list[str]) -> int:
           if args.json else format_description(args.checkpoint, described, opened))
     return 0
   if args.figures:
-    cli.start_tensorflow()
+    logs.start_tensorflow()
     cli.check_owned("--figures", args.figures, set(figures.FILES.values()).__contains__,
                     ", ".join(figures.FILES.values()))
   found, ckpt = report(args.checkpoint, args.model, args.dataset, args.base)

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 # TensorFlow's C++ log repeats every unreadable image's error; this command reports them.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from vit_jax.tools import cli, jobs  # noqa: E402
+from vit_jax.tools import cli, jobs, logs  # noqa: E402
 
 import numpy as np  # noqa: E402
 import tqdm  # noqa: E402
@@ -68,7 +68,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def _read(path: str, size: int, preprocessing: checkpoint.Preprocessing) -> np.ndarray:
   """One image; what its decoder writes on stderr (libjpeg's "Improper call to JPEG library
   in state 201" before the error that this command reports) goes to the log."""
-  with cli.native_logs(show_errors=False):
+  with logs.native_logs(show_errors=False):
     return image_files.read_image(path, size, preprocessing)
 
 
@@ -155,8 +155,8 @@ def main(argv: list[str]) -> int:
     cli.check_apart("--out", args.out, {"CKPT": [args.checkpoint], "IMAGES": args.images,
                                         "--labels": [args.labels], "--base": [args.base]},
                     file_out=True)
-  cli.route_logs(verbose=args.verbose)
-  cli.start_tensorflow(datasets=False)  # Images are found and decoded as the pipeline does.
+  logs.route_logs(verbose=args.verbose)
+  logs.start_tensorflow(datasets=False)  # Images are found and decoded as the pipeline does.
   paths, unmatched, others = image_files.find_images(args.images)
   for spec in unmatched:
     print(f"No images at {spec}", file=sys.stderr)

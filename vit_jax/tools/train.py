@@ -41,7 +41,7 @@ from ml_collections import config_flags
 
 from vit_jax import configs, cpu_backend
 from vit_jax.config_errors import ConfigError, InputError, check_known
-from vit_jax.tools import cli
+from vit_jax.tools import cli, logs
 from vit_jax.train import stop_signals
 
 if TYPE_CHECKING:  # The library is imported once the flags are parsed.
@@ -198,10 +198,10 @@ def parse_flags(argv: list[str]) -> list[str]:
   if any(a in ("-h", "-help", "--help", "--helpshort", "-?") for a in argv[1:]):
     print(usage())
     sys.exit(0)
-  cli.route_logs(hold=True)  # Until _train_or_compile knows the log file.
+  logs.route_logs(hold=True)  # Until _train_or_compile knows the log file.
   logging.info("Command: %s", shlex.join(sys.orig_argv))
   # The shipped configs import no TensorFlow (seconds): a wrong flag is told before it loads.
-  with cli.native_logs():  # A config file of the user's may import it: its C++ lines.
+  with logs.native_logs():  # A config file of the user's may import it: its C++ lines.
     rest = _parse(resolve_config_flag(argv), argv)
   if len(rest) > 1:  # absl hands back what is not a flag: nothing would read it.
     cli.fail(_leftover(rest[1]))
@@ -239,7 +239,7 @@ def parse_flags(argv: list[str]) -> list[str]:
       workdir_lock.check_free(FLAGS.workdir)  # Before TensorFlow's and JAX's seconds.
   except (OSError, InputError) as e:
     cli.fail(e)
-  cli.start_tensorflow()
+  logs.start_tensorflow()
   return rest
 
 
@@ -452,9 +452,9 @@ def _train_or_compile(argv: list[str]) -> None:
   del argv
   verbose = FLAGS.verbose or FLAGS.alsologtostderr or FLAGS.logtostderr
   if _compiling():
-    cli.route_logs(verbose=verbose)
+    logs.route_logs(verbose=verbose)
     sys.exit(_compile_only())
-  cli.route_logs(verbose=verbose, hold=True)  # Until this process knows its index.
+  logs.route_logs(verbose=verbose, hold=True)  # Until this process knows its index.
   jax = _start_jax()
   created = "://" not in FLAGS.workdir and not os.path.exists(FLAGS.workdir)
   lock = _own_workdir()
@@ -492,12 +492,12 @@ def _compile_only() -> int:
   # persistent cache (no TPU client to load them into): with a cache set, each rerun warned
   # once per program ("Error reading persistent compilation cache entry") and compiled anyway.
   jax.config.update("jax_enable_compilation_cache", False)
-  with cli.native_logs():  # TensorFlow's start-up lines (the data modules' import).
+  with logs.native_logs():  # TensorFlow's start-up lines (the data modules' import).
     from vit_jax.train import compile_check
   num_classes = _num_classes()
   try:
     compile_check.take_pretrained_model(FLAGS.config)
-    with cli.native_logs():  # libtpu's start-up lines, where there is no TPU.
+    with logs.native_logs():  # libtpu's start-up lines, where there is no TPU.
       topology = compile_check.resolve_topology(FLAGS.topology, FLAGS.num_slices)
     compile_check.check_not_hopeless(FLAGS.config, topology, num_classes)
     found = _search(topology, num_classes)
@@ -592,7 +592,7 @@ def _train(jax, verbose: bool) -> None:
 
   process = jax.process_index()
   log_file = log_path(FLAGS.workdir, process)
-  log_stream = cli.route_logs(log_file, verbose)
+  log_stream = logs.route_logs(log_file, verbose)
   logging.info("JAX %s: process %d of %d, %d devices (%s).", jax.__version__, process,
                jax.process_count(), jax.device_count(), jax.devices()[0].platform)
   if process > 0:

@@ -40,7 +40,7 @@ from etils import epath
 
 import vit_jax
 from vit_jax import cpu_backend
-from vit_jax.tools import cli, jobs
+from vit_jax.tools import cli, jobs, logs
 
 if TYPE_CHECKING:  # The library is imported in main, after the CPU backend's set-up.
   from vit_jax.transfer import protocol
@@ -242,9 +242,9 @@ def main(argv: list[str]) -> int:
         "--data_dir": [args.data_dir]})
     cli.check_owned("--out_dir", args.out_dir, owned,
                     "results.csv, .md, .png and a folder per checkpoint")
-  cli.route_logs(verbose=args.verbose)
+  logs.route_logs(verbose=args.verbose)
   cpu_backend.prepare(args.cpu_devices)  # Before JAX starts.
-  cli.start_tensorflow()
+  logs.start_tensorflow()
   from vit_jax.data import tasks
   from vit_jax.transfer import report, sweep
   if args.list is not None:
