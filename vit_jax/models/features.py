@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from vit_jax.models.vit import VisionTransformer
 
-FORMATS = ("NHWC", "NLC")
+OUTPUT_FMTS = ("NHWC", "NLC")  # forward_intermediates' output_fmt, as timm names them.
 
 
 def take_indices(num_layers: int, indices: int | Sequence[int] | None) -> list[int]:
@@ -52,8 +52,8 @@ def forward_intermediates(model: VisionTransformer, params: Any, images: jax.Arr
   unless `class_token`). `norm`: each through the final LayerNorm (none with `fc_norm`, as in
   timm). `stop_early`: the blocks after the last one asked for are not run.
   """
-  if output_fmt not in FORMATS:
-    raise ValueError(f"output_fmt={output_fmt!r}, expected one of {FORMATS}.")
+  if output_fmt not in OUTPUT_FMTS:
+    raise ValueError(f"output_fmt={output_fmt!r}, expected one of {OUTPUT_FMTS}.")
   take = sorted(set(take_indices(model.num_layers, indices)))
   if stop_early:
     model, params = prune(model, params, max(take))
