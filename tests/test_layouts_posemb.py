@@ -276,12 +276,13 @@ def _finetune_params(spec: str, size: int, **model_fields):
   c = config_lib.base_config()
   c.model_name, c.pretrained, c.data.image_size = "ViT-Ti_16", spec, size
   c.model.update(model_fields)
-  parent = checkpoint.describe(spec)
+  opened = checkpoint.open_checkpoint(spec)
+  parent = opened.description
   if "model" in parent.assumed:  # A bare .npz: its architecture as vit-inspect prints it.
     c.model.update({k: v for k, v in parent.model.items() if k in models.registry.SHAPE})
   run_setup.inherit_model_fields(c, parent)
   model = run_setup.build_model(c, 3)
-  return run_setup.load_pretrained(model, spec, jax.random.key(0), (size, size, 3))
+  return run_setup.load_pretrained(model, opened, jax.random.key(0), (size, size, 3))
 
 
 # The size each path runs the forward at (the embedding is compared at both): one forward

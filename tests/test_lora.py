@@ -93,8 +93,9 @@ def test_a_pretrained_checkpoint_gets_new_adapters(tmp_path):
   base = checkpoint.flatten(adapted_params(plain))
   checkpoint.save_npz(str(tmp_path / "base.npz"), checkpoint.unflatten(base))
   model = models.create_model("ViT-Ti_16", num_classes=5, **TINY_VIT, **LORA)
-  params = checkpoint.flatten(run_setup.load_pretrained(model, str(tmp_path / "base.npz"),
-                                                        jax.random.key(0), (32, 32, 3)))
+  opened = checkpoint.open_checkpoint(str(tmp_path / "base.npz"))
+  params = checkpoint.flatten(run_setup.load_pretrained(model, opened, jax.random.key(0),
+                                                        (32, 32, 3)))
   assert set(params) - set(base) == {k for k in params if lora.is_adapter(k)}
   for name, value in base.items():
     np.testing.assert_array_equal(params[name], value, err_msg=name)

@@ -23,11 +23,12 @@ _EXPORTS = {
     "description": ("Description", "DescriptionMismatch", "Preprocessing", "check_option",
                     "output_of_loss"),
     "errors": ("CheckpointError",),
-    "loader": ("Loaded", "describe", "export_adapters", "export_npz", "from_arrays", "load",
-               "load_params", "posemb_interpolation_of", "read"),
+    "loader": ("Loaded", "Opened", "describe", "export_adapters", "export_npz", "fit_params",
+               "from_arrays", "from_opened", "load", "load_params", "open_checkpoint",
+               "posemb_interpolation_of", "read"),
     "npz": ("POSEMB_KEY", "arrays_sha256", "fit_to_target", "flatten", "infer_model_config",
             "load_npz", "load_npz_flat", "read_npz", "resize_posemb", "save_npz", "unflatten"),
-    "run": ("latest_step_dir", "make_meta", "read_params", "read_step"),
+    "run": ("latest_step_dir", "read_params", "read_step"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 _SUBMODULES = ("augreg", "description", "errors", "hub", "layouts", "loader", "npz",

@@ -13,7 +13,7 @@ a model name), its resolution off the position embedding or the AugReg index.
 """
 import dataclasses
 import json
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -97,37 +97,91 @@ def _released(flat: dict[str, np.ndarray], image_size: int | None = None,
   return desc_lib.released(fields, name, num_classes, image_size)
 
 
-def read(path: str, base: str | None = None) -> tuple[dict[str, np.ndarray], Description, str]:
-  """(flat original-layout arrays, the checkpoint's description, the file or step dir read).
-  A LoRA adapters file comes merged onto its base: the checkpoint its description names, or
-  `base` where that has moved; either must hold the arrays the adapters were trained on."""
+@dataclasses.dataclass
+class Opened:
+  """A checkpoint opened once (`open_checkpoint`): what it records about itself, the file or
+  step directory read, and its flat original-layout arrays. A command that needs both the
+  description and the arrays takes them from one Opened, so that the files are decoded once.
+
+  A run's step is described by its metadata: its arrays are restored when `flat` is first
+  asked for. `release()` drops the arrays once they are fitted to a model (a training run
+  keeps its set-up, and a ViT-g's arrays are GBs); asked for again, they are read again."""
+  path: str  # As asked for: a spec (`hf-hub:`, `augreg:`, `ema:`) or a file or folder.
+  description: Description
+  source: str  # The file or step directory read.
+  reread: Callable[[], dict[str, np.ndarray]] = dataclasses.field(repr=False)
+  arrays: dict[str, np.ndarray] | None = dataclasses.field(default=None, repr=False)
+
+  @property
+  def flat(self) -> dict[str, np.ndarray]:
+    if self.arrays is None:
+      self.arrays = self.reread()
+    return self.arrays
+
+  def release(self) -> None:
+    self.arrays = None
+
+  def sha256(self) -> str:
+    """The arrays' identity by content (`npz.arrays_sha256`): what LoRA adapters record."""
+    return npz.arrays_sha256(self.flat)
+
+
+def open_checkpoint(path: str, base: str | None = None) -> Opened:
+  """Any checkpoint path, opened: its reader chosen here, once. A LoRA adapters file comes
+  merged onto its base: the checkpoint its description names, or `base` where that has
+  moved; either must hold the arrays the adapters were trained on."""
   if specs.is_ema(path):
-    run_dir = epath.Path(specs.without_ema(path))
-    if not run_dir.is_dir():
-      raise CheckpointError(f"{path}: `{specs.EMA_PREFIX}` takes a training run's workdir or "
-                            "step directory.")
-    step_dir = run.latest_step_dir(run_dir)
-    flat, described = run.read_step(step_dir, ema=True)
-    return flat, described, f"{specs.EMA_PREFIX}{step_dir}"
+    return _open_run(path, ema=True)
   if specs.is_augreg(path):
-    resolved = augreg.resolve(path)
-    if specs.is_hub(resolved.path):
-      return hub.read(resolved.path)
-    flat = npz.load_npz_flat(resolved.path)
-    return flat, _released(flat, resolved.image_size, resolved.model_name), resolved.path
+    return _open_augreg(path)
   if specs.is_hub(path) or specs.is_hub_folder(path):
-    return hub.read(path)
+    return _opened(path, lambda: hub.read(path))
   p = epath.Path(path)
   if not p.exists():
     raise FileNotFoundError(f"No checkpoint at {path}.")
   if p.is_dir():
-    step_dir = run.latest_step_dir(p)
-    flat, described = run.read_step(step_dir)
-    return flat, described, str(step_dir)
+    return _open_run(path, ema=False)
+  return _opened(path, lambda: _read_npz(str(path), base))
+
+
+def _opened(path: str, read_all: Callable[[], tuple[dict, Description, str]]) -> Opened:
+  """An Opened of a reader that gives arrays and description together (files whose
+  description is told from their arrays): read now, and again only after `release`."""
+  flat, described, source = read_all()
+  return Opened(path, described, source, lambda: read_all()[0], flat)
+
+
+def _open_run(path: str, ema: bool) -> Opened:
+  """A run's workdir (its latest step) or step directory: described by its metadata, its
+  arrays restored on first use. A LoRA run's adapters come merged: a plain ViT."""
+  run_dir = epath.Path(specs.without_ema(path))
+  if ema and not run_dir.is_dir():
+    raise CheckpointError(f"{path}: `{specs.EMA_PREFIX}` takes a training run's workdir or "
+                          "step directory.")
+  step_dir = run.latest_step_dir(run_dir)
+  described = run.read_step_description(step_dir)
+  described = described.replace(model=lora.merged({}, described.model)[1])
+  source = f"{specs.EMA_PREFIX}{step_dir}" if ema else str(step_dir)
+  return Opened(path, described, source, lambda: run.read_step(step_dir, ema)[0])
+
+
+def _open_augreg(path: str) -> Opened:
+  """`augreg:NAME`: the Hub's copy, or the bucket's file described by the AugReg index."""
+  resolved = augreg.resolve(path)
+  if specs.is_hub(resolved.path):
+    return _opened(path, lambda: hub.read(resolved.path))
+
+  def read_all() -> tuple[dict, Description, str]:
+    flat = npz.load_npz_flat(resolved.path)
+    return flat, _released(flat, resolved.image_size, resolved.model_name), resolved.path
+  return _opened(path, read_all)
+
+
+def _read_npz(path: str, base: str | None) -> tuple[dict, Description, str]:
   flat, described = npz.split_description(npz.read_npz(path))
   if described is not None and described.model.get("lora_rank"):
-    flat, described = _on_base(flat, described, str(path), base)
-  return flat, described or _released(flat), str(path)
+    flat, described = _on_base(flat, described, path, base)
+  return flat, described or _released(flat), path
 
 
 def _on_base(adapters: dict[str, np.ndarray], described: Description, path: str,
@@ -137,9 +191,9 @@ def _on_base(adapters: dict[str, np.ndarray], described: Description, path: str,
   if not described.parent:
     raise CheckpointError(f"{path} holds LoRA adapters but names no base checkpoint.")
   base_path = base_path or described.parent
-  point = "give the base they were trained on with --base PATH (checkpoint.load(..., base=PATH))"
+  point = "give the base they were trained on with --base PATH (loader.load(..., base=PATH))"
   try:
-    base = read(base_path)[0]
+    base = open_checkpoint(base_path).flat
   except FileNotFoundError:
     raise CheckpointError(
         f"{path}: the base checkpoint its LoRA adapters were trained on, {base_path}, is not "
@@ -164,47 +218,56 @@ def _on_base(adapters: dict[str, np.ndarray], described: Description, path: str,
 
 def export_adapters(path: str, out: str) -> Description:
   """Writes a LoRA run's adapters and head alone (what it trained, a small file) with its
-  description, whose `parent` names the base checkpoint that `read` puts them on."""
+  description, whose `parent` names the base checkpoint that `open_checkpoint` puts them on."""
   step_dir = run.latest_step_dir(specs.without_ema(path))
   flat, meta = run.read_params(step_dir, ema=specs.is_ema(path))
   described = run.step_description(meta, int(step_dir.name))
   if not described.model.get("lora_rank"):
     raise CheckpointError(f"{path} is not a LoRA run (config.lora.rank): export it whole.")
   if not described.parent_sha256:  # A run from before its base was recorded by content.
-    described = described.replace(parent_sha256=npz.arrays_sha256(read(described.parent)[0]))
+    described = described.replace(parent_sha256=open_checkpoint(described.parent).sha256())
   described = described.replace(exported_from=str(step_dir))
   npz.save_npz(out, npz.unflatten(lora.adapters(flat)), described)
   return described
 
 
 def describe(path: str, base: str | None = None) -> Description:
-  """The description of any checkpoint `read` takes (`base`: read's). That of a model
-  `vit-export` wrote in a serving format: vit_jax.serving.formats.describe."""
-  run_dir = specs.without_ema(path)
-  if (not specs.is_augreg(path) and not specs.is_hub(path) and not specs.is_hub_folder(path)
-      and epath.Path(run_dir).is_dir()):  # A run: no arrays to read.
-    return run.read_step_description(run.latest_step_dir(run_dir))
-  return read(path, base)[1]
+  """The description of any checkpoint `open_checkpoint` takes (`base`: its). A run's is read
+  from its metadata alone; a file's that its arrays tell (a Hub repo, a bare .npz) needs
+  them: where a command also needs the arrays, `open_checkpoint` gives both from one read.
+  That of a model `vit-export` wrote in a serving format: vit_jax.serving.formats.describe."""
+  return open_checkpoint(path, base).description
 
 
 def export_npz(path: str, out: str, base: str | None = None) -> Description:
   """Writes any checkpoint's params in the released layout, with its description (the
   checkpoint it was read from in `exported_from`), to `out`; returns the description."""
-  flat, described, source = read(path, base)
-  described = described.replace(exported_from=source)
-  npz.save_npz(out, npz.unflatten(flat), described)
+  opened = open_checkpoint(path, base)
+  described = opened.description.replace(exported_from=opened.source)
+  npz.save_npz(out, npz.unflatten(opened.flat), described)
   return described
+
+
+def fit_params(opened: Opened, target: npz.Params,
+               posemb_interpolation: str | None = None) -> dict[str, Any]:
+  """An opened checkpoint's params fitted to `target` (e.g. a model to fine-tune):
+  position embedding resized with `posemb_interpolation` (None: the one the checkpoint's
+  description names, its framework's; bilinear, the official code's, where it names none),
+  head reset if the class count differs. The target's LoRA adapters, which no checkpoint
+  has, are kept as the target holds them (a new run's initial values)."""
+  method = posemb_interpolation or posemb_interpolation_of(opened.description)
+  flat_target = npz.flatten(target)
+  adapters = {k: v for k, v in flat_target.items() if lora.is_adapter(k)}
+  if not adapters:
+    return npz.fit_to_target(opened.flat, target, method)
+  base = npz.unflatten({k: v for k, v in flat_target.items() if k not in adapters})
+  return npz.unflatten(npz.flatten(npz.fit_to_target(opened.flat, base, method)) | adapters)
 
 
 def load_params(path: str, target: npz.Params,
                 posemb_interpolation: str | None = None) -> dict[str, Any]:
-  """Params of any checkpoint path fitted to `target` (e.g. a model to fine-tune):
-  position embedding resized with `posemb_interpolation` (None: the one the checkpoint's
-  description names, its framework's; bilinear, the official code's, where it names none),
-  head reset if the class count differs."""
-  flat, described, _ = read(path)
-  method = posemb_interpolation or posemb_interpolation_of(described)
-  return npz.fit_to_target(flat, target, method)
+  """`fit_params` of the checkpoint at `path`."""
+  return fit_params(open_checkpoint(path), target, posemb_interpolation)
 
 
 def posemb_interpolation_of(described: Description) -> str:
@@ -241,17 +304,17 @@ def load(path: str, model_name: str | None = None, *, image_size: int | None = N
   fields (e.g. a custom patch_size, dtype). `image_size` defaults to the resolution the
   checkpoint was trained at; other sizes resize the position embedding. `head=False` drops
   the classification head, leaving the representation (pre-logits) as the output. `base`
-  points a LoRA adapters file at its moved base checkpoint (`read`).
+  points a LoRA adapters file at its moved base checkpoint (`open_checkpoint`).
   """
-  return from_arrays(*read(path, base), model_name, image_size=image_size, head=head,
-                     **overrides)
+  return from_opened(open_checkpoint(path, base), model_name, image_size=image_size,
+                     head=head, **overrides)
 
 
-def from_arrays(flat: dict[str, np.ndarray], described: Description, source: str,
-                model_name: str | None = None, *, image_size: int | None = None,
+def from_opened(opened: Opened, model_name: str | None = None, *, image_size: int | None = None,
                 head: bool = True, **overrides: Any) -> Loaded:
-  """`load` of what `read` returned: for callers that also look at the file's own arrays
+  """`load` of an opened checkpoint: for callers that also look at the file's own arrays
   (their dtypes, a zeroed head) without reading it twice."""
+  flat, described, source = opened.flat, opened.description, opened.source
   name, fields = _name_and_fields(flat, described, model_name, overrides, source)
   fields = models.model_config(name, **fields) if name else dict(fields)
   fields.update(overrides)
@@ -274,3 +337,17 @@ def from_arrays(flat: dict[str, np.ndarray], described: Description, source: str
                              model_name=name, class_names=described.class_names if head else ())
   return Loaded(model, npz.fit_to_target(flat, abstract, model.posemb_interpolation), loaded,
                 source)
+
+
+def read(path: str, base: str | None = None) -> tuple[dict[str, np.ndarray], Description, str]:
+  """(flat arrays, description, source) of `open_checkpoint`: for vit-inspect until it takes
+  an Opened."""
+  opened = open_checkpoint(path, base)
+  return opened.flat, opened.description, opened.source
+
+
+def from_arrays(flat: dict[str, np.ndarray], described: Description, source: str,
+                model_name: str | None = None, **kwargs: Any) -> Loaded:
+  """`from_opened` of what `read` returned: for vit-inspect until it takes an Opened."""
+  return from_opened(Opened(source, described, source, lambda: flat, flat), model_name,
+                     **kwargs)

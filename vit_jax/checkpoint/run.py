@@ -46,15 +46,6 @@ def finished_steps(workdir: str | epath.Path) -> list[int]:
   return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
 
 
-def make_meta(model_name: str | None, num_classes: int, model: dict[str, Any],
-              trajectory: dict[str, Any]) -> dict[str, Any]:
-  """A run's metadata: what a checkpoint must agree with to be resumed, the model (its
-  architecture's fields, which loaders also read from here) and everything else that changes
-  the trajectory (JSON values)."""
-  return {"model_name": model_name, "num_classes": num_classes, "model": model,
-          "trajectory": trajectory}
-
-
 def _meta_file(step_dir: epath.Path) -> epath.Path:
   return step_dir / "meta" / "metadata"
 

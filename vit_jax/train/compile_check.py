@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from vit_jax import checkpoint, models
+from vit_jax import models
+from vit_jax.checkpoint import description, loader
 from vit_jax.models import footprint
 from vit_jax.config_errors import ConfigError
 from vit_jax.evaluators.classification import ClassificationEvaluator
@@ -249,11 +250,12 @@ class Attempt:
     return [f"--config.{k}={v}" for k, v in self.overrides.items()]
 
 
-def take_pretrained_model(c: ml_collections.ConfigDict) -> None:
+def take_pretrained_model(c: ml_collections.ConfigDict,
+                          parent: description.Description | None = None) -> None:
   """config.pretrained's model fields set in `c` as a run takes them, from its description
-  alone: no weights are read."""
+  (`parent`: where the caller has read it already, as vit-train's checks have)."""
   if c.pretrained:
-    run_setup.inherit_model_fields(c, checkpoint.describe(c.pretrained))
+    run_setup.inherit_model_fields(c, parent or loader.describe(c.pretrained))
 
 
 def with_overrides(c: ml_collections.ConfigDict, overrides: dict[str, Any]

@@ -14,6 +14,9 @@ from vit_jax.evaluators import registry as evaluators
 from vit_jax.models import lora
 from vit_jax.train import optimizers
 
+if typing.TYPE_CHECKING:  # Imported where used: the shipped configs import no JAX.
+  from vit_jax.checkpoint import loader
+
 DTYPES = ("float32", "bfloat16")
 
 
@@ -170,16 +173,20 @@ FIXED_BY_ARRAYS = ("hidden_size", "mlp_dim", "num_heads", "num_layers", "resnet_
                    "mlp_norm", "attention_norm", "pre_norm")
 
 
-def check_pretrained(c: ml_collections.ConfigDict, flagged: Collection[str] = ()) -> None:
+def check_pretrained(c: ml_collections.ConfigDict, flagged: Collection[str] = ()
+                     ) -> "loader.Opened":
   """Refuses, in one line naming the field and the fix, a config that contradicts
   config.pretrained's description: a model field its arrays fix (FIXED_BY_ARRAYS), or one the
-  description records otherwise (inherit_model_fields' and resolve_value_range's checks). From
-  the description alone (no weights read) and on a copy of `c`: before a run writes anything.
-  `flagged`: the fields set on the command line (`model.hidden_size`), named first, as flags.
+  description records otherwise (inherit_model_fields' and resolve_value_range's checks). On a
+  copy of `c`: before a run writes anything. `flagged`: the fields set on the command line
+  (`model.hidden_size`), named first, as flags. Returns config.pretrained opened, for the run
+  to start from (`RunSetup.from_config`) without reading it again.
   """
-  from vit_jax import checkpoint  # Here: the shipped configs import this module, not JAX.
+  # Here: the shipped configs import this module, not JAX.
+  from vit_jax.checkpoint import loader
   from vit_jax.train import run_setup
-  parent = checkpoint.describe(c.pretrained)
+  opened = loader.open_checkpoint(c.pretrained)
+  parent = opened.description
   c = c.copy_and_resolve_references()
   run_setup.resolve_value_range(c, parent)
   run_setup.inherit_model_fields(c, parent)
@@ -194,6 +201,7 @@ def check_pretrained(c: ml_collections.ConfigDict, flagged: Collection[str] = ()
           f"{named}={given!r}: {c.pretrained}'s arrays have {field}={recorded!r}, "
           f"so they cannot load into this model; leave config.model.{field} unset (the run "
           f"takes the checkpoint's model) or set it to {recorded!r}")
+  return opened
 
 
 def _validate_lora(lo: ml_collections.ConfigDict, pretrained: str | None) -> None:

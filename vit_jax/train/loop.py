@@ -16,8 +16,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from clu import metric_writers, periodic_actions
 
-from vit_jax import checkpoint, cpu_backend, data, goodput
-from vit_jax.checkpoint import run
+from vit_jax import cpu_backend, data, goodput
+from vit_jax.checkpoint import loader, run
 from vit_jax.evaluators import registry as evaluators
 from vit_jax.train import run_setup, stop_signals, trainer, watchdog
 
@@ -37,6 +37,8 @@ def _restore_or_init(setup: run_setup.RunSetup, rng: jax.Array
   if not has_steps and c.pretrained:
     params = setup.pretrained_params(rng)
     logging.info("Initialised from %s.", c.pretrained)
+  elif setup.pretrained:
+    setup.pretrained.release()  # Resumed: the run's own checkpoint holds its params.
   state, shardings = trainer.init_state(setup.model, setup.tx, setup.mesh, image_shape, rng, params,
                                         ema=c.ema_decay is not None)
   if not has_steps:
@@ -48,7 +50,7 @@ def _restore_or_init(setup: run_setup.RunSetup, rng: jax.Array
     run.check_resumable(found, setup.meta, setup.workdir, c.allow_resume_changes)
     logging.info("Resumed from %s at step %d.", setup.workdir, start)
   elif c.pretrained:
-    raise checkpoint.CheckpointError(
+    raise run.CheckpointError(
         f"No checkpoint in {setup.workdir} could be restored (all set aside as STEP.corrupt); "
         f"rerun to start again from {c.pretrained}.")
   return manager, state, shardings, start
@@ -261,23 +263,26 @@ def _stall_message(setup: run_setup.RunSetup, manager: ocp.CheckpointManager, st
 
 
 def train_and_evaluate(c: ml_collections.ConfigDict, workdir: str,
-                       report: Report | None = None) -> dict[str, float]:
+                       report: Report | None = None,
+                       pretrained: loader.Opened | None = None) -> dict[str, float]:
   """Trains (resuming from `workdir` if it holds a checkpoint) and returns final eval metrics;
-  `report` is told how the run goes.
+  `report` is told how the run goes. `pretrained`: config.pretrained already opened (by
+  config.check_pretrained), so that the run reads it no more.
 
   A run whose steps stop ending (config.stall_timeout_s) exits the process with status 1; one
   that SIGTERM or SIGINT stops before its last step saves, then raises
   stop_signals.Interrupted.
   """
   with stop_signals.StopSignals() as stop:
-    return _train_and_evaluate(c, workdir, report or Report(), stop)
+    return _train_and_evaluate(c, workdir, report or Report(), stop, pretrained)
 
 
 def _train_and_evaluate(c: ml_collections.ConfigDict, workdir: str, report: Report,
-                        stop: stop_signals.StopSignals) -> dict[str, float]:
+                        stop: stop_signals.StopSignals,
+                        pretrained: loader.Opened | None) -> dict[str, float]:
   if jax.default_backend() == "cpu":
     cpu_backend.check_pool(jax.local_device_count())
-  setup = run_setup.RunSetup.from_config(c, workdir)
+  setup = run_setup.RunSetup.from_config(c, workdir, pretrained)
   init_rng, dropout_rng = jax.random.split(jax.random.key(c.seed))
   writer = metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
   manager = None

@@ -4,6 +4,7 @@ metadata a checkpoint must agree with to be resumed, and the steps that compile_
 """
 import contextlib
 import dataclasses
+import functools
 import json
 from typing import Any, Callable, Sequence
 
@@ -13,7 +14,9 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from vit_jax import checkpoint, data, models
+from vit_jax import data, models
+from vit_jax.checkpoint import description as desc_lib
+from vit_jax.checkpoint import loader
 from vit_jax.models import attention, lora
 from vit_jax.train import config as config_lib
 from vit_jax.train import optimizers, sharding, trainer
@@ -59,8 +62,8 @@ def _architecture(c: ml_collections.ConfigDict) -> dict[str, Any]:
 
 def run_meta(c: ml_collections.ConfigDict, num_classes: int, total_steps: int,
              warmup_steps: int) -> dict[str, Any]:
-  """What a checkpoint must agree with to be resumed: the model and everything else that
-  changes the trajectory."""
+  """What a checkpoint must agree with to be resumed: the model (its architecture's fields,
+  which loaders also read from here) and everything else that changes the trajectory."""
   data_fields = {k: v for k, v in c.data.items() if k not in _DATA_FIELDS_OFF_TRAJECTORY}
   trajectory = dict(
       seed=c.seed, dtype=c.dtype, loss=c.loss, label_smoothing=c.label_smoothing,
@@ -68,18 +71,19 @@ def run_meta(c: ml_collections.ConfigDict, num_classes: int, total_steps: int,
       warmup_steps=warmup_steps, optimizer=c.optimizer.to_dict(), data=data_fields,
       ema_decay=c.ema_decay,
       **{k: _model_fields(c).get(k, models.registry.default(k)) for k in _REGULARISATION})
-  return checkpoint.make_meta(c.model_name, num_classes, _architecture(c), _jsonable(trajectory))
+  return {"model_name": c.model_name, "num_classes": num_classes, "model": _architecture(c),
+          "trajectory": _jsonable(trajectory)}
 
 
 def resolve_value_range(c: ml_collections.ConfigDict,
-                        parent: checkpoint.Description | None = None) -> None:
+                        parent: desc_lib.Description | None = None) -> None:
   """Sets config.data's input normalisation where the config leaves it open (value_range,
   mean and std all None): config.pretrained's, value range or mean and std as its description
   records them, else the default value range. What the config sets must agree with the
   former."""
   fields = ("value_range", "mean", "std")
   if c.pretrained:
-    parent = parent or checkpoint.describe(c.pretrained)
+    parent = parent or loader.describe(c.pretrained)
     pre = parent.preprocessing
     if "preprocessing" not in parent.assumed:
       for field in fields:
@@ -87,8 +91,7 @@ def resolve_value_range(c: ml_collections.ConfigDict,
         what, recorded = f"the input {field.replace('_', ' ')}", getattr(pre, field)
         if given is not None and recorded is None:  # It records the other form.
           what, recorded = "the input normalisation", pre.normalisation()
-        checkpoint.check_option(what, f"config.data.{field}", given, recorded,
-                                     c.pretrained)
+        desc_lib.check_option(what, f"config.data.{field}", given, recorded, c.pretrained)
     if all(c.data[field] is None for field in fields):
       c.data.value_range, c.data.mean, c.data.std = pre.value_range, pre.mean, pre.std
   c.data.value_range = data.value_range(c.data)
@@ -100,12 +103,12 @@ def resolve_value_range(c: ml_collections.ConfigDict,
 _INHERITED_MODEL_FIELDS = models.registry.fields_of(models.Role.COMPUTATION)
 
 
-def inherit_model_fields(c: ml_collections.ConfigDict, parent: checkpoint.Description) -> None:
+def inherit_model_fields(c: ml_collections.ConfigDict, parent: desc_lib.Description) -> None:
   """Sets config.model's open fields from config.pretrained's description (`parent`)."""
   for field in _INHERITED_MODEL_FIELDS:
     recorded = parent.model.get(field)
-    checkpoint.check_option(f"the model's {field}", f"config.model.{field}",
-                                 c.model[field], recorded, c.pretrained)
+    desc_lib.check_option(f"the model's {field}", f"config.model.{field}",
+                          c.model[field], recorded, c.pretrained)
     if c.model[field] is None and recorded is not None:
       c.model[field] = recorded
   _inherit_posemb_interpolation(c, parent)
@@ -127,7 +130,7 @@ def inherit_model_fields(c: ml_collections.ConfigDict, parent: checkpoint.Descri
 
 
 def _inherit_posemb_interpolation(c: ml_collections.ConfigDict,
-                                  parent: checkpoint.Description) -> None:
+                                  parent: desc_lib.Description) -> None:
   """How the position embedding is resized to config.data.image_size (at the start of the
   run) and at run time (dynamic_image_size): config.model.posemb_interpolation where the config
   sets it, else as config.pretrained's framework resizes it (its description's)."""
@@ -159,6 +162,10 @@ class RunSetup:
   class_names: tuple[str, ...]
   # LoRA runs: their adapters need this base, so its content is recorded (description).
   parent_sha256: str | None = None
+  # config.pretrained, opened once: described for the set-up, its arrays fitted to the model
+  # at the first step (`pretrained_params`), then released (a resumed run releases them
+  # unused).
+  pretrained: loader.Opened | None = None
 
   @property
   def loop_steps(self) -> int:
@@ -170,28 +177,35 @@ class RunSetup:
     return run_meta(self.config, self.model.num_classes, self.total_steps, self.warmup_steps)
 
   @property
-  def description(self) -> checkpoint.Description:
+  def description(self) -> desc_lib.Description:
     """What every checkpoint of the run records about itself (`save` adds the step)."""
     c = self.config
-    return checkpoint.Description(
+    return desc_lib.Description(
         model=_architecture(c), model_name=c.model_name, num_classes=self.model.num_classes,
         image_size=c.data.image_size, class_names=self.class_names,
-        preprocessing=checkpoint.Preprocessing.from_data_config(c.data),
-        output=checkpoint.output_of_loss(c.loss), dataset=c.data.name,
+        preprocessing=desc_lib.Preprocessing.from_data_config(c.data),
+        output=desc_lib.output_of_loss(c.loss), dataset=c.data.name,
         parent=c.pretrained, parent_sha256=self.parent_sha256, config=_jsonable(c.to_dict()))
 
   @classmethod
-  def from_config(cls, c: ml_collections.ConfigDict, workdir: str) -> "RunSetup":
+  def from_config(cls, c: ml_collections.ConfigDict, workdir: str,
+                  pretrained: loader.Opened | None = None) -> "RunSetup":
+    """The set-up of the run of `c` in `workdir`. `pretrained`: config.pretrained already
+    opened (vit-train's checks opened it), else it is opened here; either way it is read
+    once, described here and fitted by `pretrained_params`."""
     config_lib.validate(c)
-    parent = checkpoint.describe(c.pretrained) if c.pretrained else None
+    if c.pretrained and (pretrained is None or pretrained.path != c.pretrained):
+      pretrained = loader.open_checkpoint(c.pretrained)
+    parent = pretrained.description if c.pretrained else None
     resolve_value_range(c, parent)
     if parent:
       inherit_model_fields(c, parent)
     info = data.dataset_info(c.data)
     job = cls.build(c, workdir, info.num_classes, info.num_train_examples,
                     tuple(info.class_names))
-    if c.lora.rank:
-      job.parent_sha256 = checkpoint.arrays_sha256(checkpoint.read(c.pretrained)[0])
+    if c.pretrained and c.lora.rank:
+      job.parent_sha256 = pretrained.sha256()
+    job.pretrained = pretrained if c.pretrained else None
     return job
 
   @classmethod
@@ -233,9 +247,13 @@ class RunSetup:
     return sharding.batch_sharding(self.mesh)
 
   def pretrained_params(self, rng: jax.Array) -> Any:
-    """config.pretrained's params fitted to the model."""
+    """config.pretrained's params fitted to the model; its arrays are released after."""
+    if self.pretrained is None:  # A set-up made by `build`, which opens no checkpoint.
+      self.pretrained = loader.open_checkpoint(self.config.pretrained)
     size = self.config.data.image_size
-    return load_pretrained(self.model, self.config.pretrained, rng, (size, size, 3))
+    params = load_pretrained(self.model, self.pretrained, rng, (size, size, 3))
+    self.pretrained.release()
+    return params
 
   def trained(self, params: Any) -> Any:
     """`params` with the frozen ones (and LoRA's base) None."""
@@ -244,18 +262,14 @@ class RunSetup:
     return jax.tree.map(lambda p, t: p if t else None, params, mask)
 
 
-def load_pretrained(model: models.VisionTransformer, path: str, rng: jax.Array,
+def load_pretrained(model: models.VisionTransformer, opened: loader.Opened, rng: jax.Array,
                     image_shape: tuple[int, ...]) -> Any:
-  """`path`'s params fitted to `model`; LoRA adapters, which no checkpoint has, initialised."""
+  """The opened checkpoint's params fitted to `model`; LoRA adapters, which no checkpoint
+  has, initialised (`fit_params` keeps the target's)."""
   images = jnp.zeros((1,) + image_shape)
-  if not model.lora_rank:
-    return checkpoint.load_params(path, jax.eval_shape(model.init, rng, images)["params"],
-                                  model.posemb_interpolation)
-  fresh = checkpoint.flatten(jax.jit(model.init)(rng, images)["params"])
-  adapters = {k: v for k, v in fresh.items() if lora.is_adapter(k)}
-  base = checkpoint.unflatten({k: v for k, v in fresh.items() if k not in adapters})
-  fitted = checkpoint.load_params(path, base, model.posemb_interpolation)
-  return checkpoint.unflatten(checkpoint.flatten(fitted) | adapters)
+  init = jax.jit(model.init) if model.lora_rank else functools.partial(jax.eval_shape,
+                                                                        model.init)
+  return loader.fit_params(opened, init(rng, images)["params"], model.posemb_interpolation)
 
 
 def setup_on(c: ml_collections.ConfigDict, num_classes: int, devices: Sequence[Any]) -> RunSetup:
