@@ -104,10 +104,11 @@ def report(path: str, model_name: str | None = None, dataset: str = "cifar10",
            base: str | None = None) -> tuple[dict[str, Any], checkpoint.Loaded]:
   """The report on `path` (a JSON-ready dict) and the loaded checkpoint (`base`: a LoRA
   adapters file's moved base)."""
-  flat, described, source = checkpoint.read(path, base)
+  opened = checkpoint.open_checkpoint(path, base)  # Read once: the report and the model.
+  flat, described, source = opened.flat, opened.description, opened.source
   if model_name:
     model_name = registry.resolve_name(model_name)
-  ckpt = checkpoint.from_arrays(flat, described, source, model_name)
+  ckpt = checkpoint.from_opened(opened, model_name)
   m = ckpt.model
   head = _head(flat)
   return {
