@@ -337,17 +337,3 @@ def from_opened(opened: Opened, model_name: str | None = None, *, image_size: in
                              model_name=name, class_names=described.class_names if head else ())
   return Loaded(model, npz.fit_to_target(flat, abstract, model.posemb_interpolation), loaded,
                 source)
-
-
-def read(path: str, base: str | None = None) -> tuple[dict[str, np.ndarray], Description, str]:
-  """(flat arrays, description, source) of `open_checkpoint`: for vit-inspect until it takes
-  an Opened."""
-  opened = open_checkpoint(path, base)
-  return opened.flat, opened.description, opened.source
-
-
-def from_arrays(flat: dict[str, np.ndarray], described: Description, source: str,
-                model_name: str | None = None, **kwargs: Any) -> Loaded:
-  """`from_opened` of what `read` returned: for vit-inspect until it takes an Opened."""
-  return from_opened(Opened(source, described, source, lambda: flat, flat), model_name,
-                     **kwargs)
