@@ -10,7 +10,7 @@ A layout is one module of this package, and one row of `LAYOUTS`. The module hol
                             the arrays (numpy, the framework's names) as flat released-layout
                             arrays ('/'-joined, as npz.read_npz gives them); config is the
                             repo's config.json, source its spec or folder, for messages. Takes
-                            every array through `arrays_source.Source`, which refuses, by name,
+                            every array through `state_dict.StateDict`, which refuses, by name,
                             what the layout left unused; refuses with `CheckpointError`
                             whatever vit_jax's ViT cannot express
   declared(config) -> dict  what the repo's config says its arrays are, where it says it:
@@ -24,7 +24,7 @@ A layout is one module of this package, and one row of `LAYOUTS`. The module hol
                             model fields read off `flat` (npz.infer_model_config) to complete
                             (e.g. `gelu`); processor is preprocessor_config.json ({} if none)
 
-Helpers several layouts use: `arrays_source` (torch arrays taken by name, in flax's shapes)
+Helpers several layouts use: `state_dict` (torch arrays taken by name, in flax's shapes)
 and `repo_config` (what timm's and transformers' config files say: preprocessing, heads,
 GELU, class names). `hub.read` fetches a repo's files and hands them to `find`.
 """

@@ -30,7 +30,7 @@ import numpy as np
 from vit_jax import models
 from vit_jax.checkpoint import description as desc_lib
 from vit_jax.checkpoint.errors import CheckpointError
-from vit_jax.checkpoint.layouts import arrays_source, repo_config
+from vit_jax.checkpoint.layouts import repo_config, state_dict
 from vit_jax.checkpoint.npz import POSEMB_KEY
 
 NAME = "OpenCLIP"
@@ -63,21 +63,21 @@ def _check(config: Mapping[str, Any], source: str) -> None:
     raise CheckpointError(f"{source}: vision_cfg.act_kwargs={act} is not a GELU vit_jax runs.")
 
 
-def _block(src: arrays_source.Source, i: int, heads: int) -> dict[str, np.ndarray]:
+def _block(sd: state_dict.StateDict, i: int, heads: int) -> dict[str, np.ndarray]:
   p, q = f"visual.transformer.resblocks.{i}.", f"Transformer/encoderblock_{i}/"
   att, out = q + "MultiHeadDotProductAttention_1/", {}
-  out[q + "LayerNorm_0/scale"], out[q + "LayerNorm_0/bias"] = src.take_pair(p + "ln_1")
-  w, b = src.take(p + "attn.in_proj_weight"), src.take(p + "attn.in_proj_bias")
+  out[q + "LayerNorm_0/scale"], out[q + "LayerNorm_0/bias"] = sd.take_pair(p + "ln_1")
+  w, b = sd.take(p + "attn.in_proj_weight"), sd.take(p + "attn.in_proj_bias")
   d = w.shape[1]
   for n, name in enumerate(("query", "key", "value")):
     out[att + f"{name}/kernel"] = w[n * d:(n + 1) * d].T.reshape(d, heads, d // heads)
     out[att + f"{name}/bias"] = b[n * d:(n + 1) * d].reshape(heads, d // heads)
-  dense = src.linear(p + "attn.out_proj", "")
+  dense = sd.linear(p + "attn.out_proj", "")
   out[att + "out/kernel"] = dense["kernel"].reshape(heads, d // heads, d)
   out[att + "out/bias"] = dense["bias"]
-  out[q + "LayerNorm_2/scale"], out[q + "LayerNorm_2/bias"] = src.take_pair(p + "ln_2")
-  out |= src.linear(p + "mlp.c_fc", q + "MlpBlock_3/Dense_0/")
-  out |= src.linear(p + "mlp.c_proj", q + "MlpBlock_3/Dense_1/")
+  out[q + "LayerNorm_2/scale"], out[q + "LayerNorm_2/bias"] = sd.take_pair(p + "ln_2")
+  out |= sd.linear(p + "mlp.c_fc", q + "MlpBlock_3/Dense_0/")
+  out |= sd.linear(p + "mlp.c_proj", q + "MlpBlock_3/Dense_1/")
   return out
 
 
@@ -94,30 +94,30 @@ def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
   """The image tower's arrays (numpy) as flat original-layout arrays; the text tower is left
   out (one logged line); raises CheckpointError naming any other array it does not use."""
   _check(config, source)
-  src = arrays_source.Source(arrays, source)
+  sd = state_dict.StateDict(arrays, source)
   text = sorted({k.partition(".")[0] + ("." if "." in k else "") for k in arrays
                  if not k.startswith("visual.")})
-  src.leave_out(tuple(text), "OpenCLIP's text tower, which vit_jax's image model has no place "
-                "for")
-  out = {"embedding/kernel": src.conv("visual.conv1.weight")}
+  sd.leave_out(tuple(text), "OpenCLIP's text tower, which vit_jax's image model has no place "
+               "for")
+  out = {"embedding/kernel": sd.conv("visual.conv1.weight")}
   width = out["embedding/kernel"].shape[-1]
-  out["cls"] = src.take("visual.class_embedding").reshape(1, 1, -1)
-  out[POSEMB_KEY] = src.take("visual.positional_embedding")[None]
-  if src.has("visual.ln_pre.weight"):
-    out["Transformer/pre_norm/scale"], out["Transformer/pre_norm/bias"] = src.take_pair(
+  out["cls"] = sd.take("visual.class_embedding").reshape(1, 1, -1)
+  out[POSEMB_KEY] = sd.take("visual.positional_embedding")[None]
+  if sd.has("visual.ln_pre.weight"):
+    out["Transformer/pre_norm/scale"], out["Transformer/pre_norm/bias"] = sd.take_pair(
         "visual.ln_pre")
   else:  # no_ln_pre: conv1 still has no bias.
     out["embedding/bias"] = np.zeros(width, out["embedding/kernel"].dtype)
   heads = _heads(config, width, source)
-  for i in src.numbered("visual.transformer.resblocks.", ".ln_1.weight"):
-    out |= _block(src, i, heads)
+  for i in sd.numbered("visual.transformer.resblocks.", ".ln_1.weight"):
+    out |= _block(sd, i, heads)
   vision = vision_cfg(config)
   fc_norm = vision.get("pool_type", "tok") == "avg" and vision.get("final_ln_after_pool")
   norm = "fc_norm" if fc_norm else "Transformer/encoder_norm"
-  out[norm + "/scale"], out[norm + "/bias"] = src.take_pair("visual.ln_post")
-  if src.has("visual.proj"):
-    out["head/kernel"] = src.take("visual.proj")
-  src.check_all_used()
+  out[norm + "/scale"], out[norm + "/bias"] = sd.take_pair("visual.ln_post")
+  if sd.has("visual.proj"):
+    out["head/kernel"] = sd.take("visual.proj")
+  sd.check_all_used()
   return out
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from vit_jax.checkpoint import description as desc_lib
 from vit_jax.checkpoint.errors import CheckpointError
-from vit_jax.checkpoint.layouts import arrays_source, repo_config
+from vit_jax.checkpoint.layouts import repo_config, state_dict
 from vit_jax.checkpoint.npz import POSEMB_KEY
 
 NAME = "timm eva.py"
@@ -113,24 +113,24 @@ def _pooling(args: Mapping[str, Any], config: Mapping[str, Any], has_cls: bool,
 
 
 def _refuse_unsupported(keys: Any, source: str) -> None:
-  arrays_source.refuse_unsupported(keys, _UNSUPPORTED, source)
+  state_dict.refuse_unsupported(keys, _UNSUPPORTED, source)
   if "norm.weight" in keys and "fc_norm.weight" in keys:
     raise CheckpointError(f"{source} has a norm both before pooling and after it (norm.weight, "
                           "fc_norm.weight); vit_jax's ViT has one of the two.")
 
 
-def _tokens(src: arrays_source.Source) -> dict[str, np.ndarray]:
+def _tokens(sd: state_dict.StateDict) -> dict[str, np.ndarray]:
   """Class token, registers and the learned embedding where there is one. Ours covers the
   class token (a zero row where timm's `no_embed_class` gives it none) and the patches; rows
   timm gives the registers are folded into them."""
-  out, cls = {}, src.has("cls_token")
+  out, cls = {}, sd.has("cls_token")
   if cls:
-    out["cls"] = src.take("cls_token")
-  if src.has("reg_token"):
-    out["reg"] = src.take("reg_token")
-  if not src.has("pos_embed"):
+    out["cls"] = sd.take("cls_token")
+  if sd.has("reg_token"):
+    out["reg"] = sd.take("reg_token")
+  if not sd.has("pos_embed"):
     return out
-  posemb = src.take("pos_embed")
+  posemb = sd.take("pos_embed")
   prefix = int(cls) + (out["reg"].shape[1] if "reg" in out else 0)
   square = lambda n: n >= 0 and math.isqrt(n) ** 2 == n  # noqa: E731
   if prefix and square(posemb.shape[1] - prefix):  # Rows for the class token and registers.
@@ -140,25 +140,25 @@ def _tokens(src: arrays_source.Source) -> dict[str, np.ndarray]:
   elif square(posemb.shape[1]):  # no_embed_class: a zero row for the class token.
     posemb = np.concatenate([np.zeros_like(posemb[:, :int(cls)]), posemb], axis=1)
   else:
-    raise CheckpointError(f"{src.name}: pos_embed's {posemb.shape[1]} rows are not a square "
+    raise CheckpointError(f"{sd.name}: pos_embed's {posemb.shape[1]} rows are not a square "
                           f"patch grid with or without the {prefix} prefix tokens' rows.")
   out[POSEMB_KEY] = posemb
   return out
 
 
-def _attention(src: arrays_source.Source, p: str, q: str, heads: int) -> dict[str, np.ndarray]:
+def _attention(sd: state_dict.StateDict, p: str, q: str, heads: int) -> dict[str, np.ndarray]:
   """Eva's attention (block prefix `p`): fused qkv with q/v biases, or q/k/v projections."""
-  if src.has(p + "qkv.weight"):
-    weights = np.split(src.take(p + "qkv.weight"), 3)
-    if src.has(p + "qkv.bias"):
-      biases = np.split(src.take(p + "qkv.bias"), 3)
+  if sd.has(p + "qkv.weight"):
+    weights = np.split(sd.take(p + "qkv.weight"), 3)
+    if sd.has(p + "qkv.bias"):
+      biases = np.split(sd.take(p + "qkv.bias"), 3)
     else:
       # Eva's k_bias is a zero buffer, never stored: one stored is refused as unused.
-      biases = [src.take(p + f"{n}_bias") if n != "k" and src.has(p + f"{n}_bias") else None
+      biases = [sd.take(p + f"{n}_bias") if n != "k" and sd.has(p + f"{n}_bias") else None
                 for n in "qkv"]
   else:
-    weights = [src.take(p + f"{n}_proj.weight") for n in "qkv"]
-    biases = [src.take(p + f"{n}_proj.bias") if src.has(p + f"{n}_proj.bias") else None
+    weights = [sd.take(p + f"{n}_proj.weight") for n in "qkv"]
+    biases = [sd.take(p + f"{n}_proj.bias") if sd.has(p + f"{n}_proj.bias") else None
               for n in "qkv"]
   d = weights[0].shape[1]
   out = {}
@@ -166,36 +166,36 @@ def _attention(src: arrays_source.Source, p: str, q: str, heads: int) -> dict[st
     out[q + f"{name}/kernel"] = w.T.reshape(d, heads, d // heads)
     if b is not None:  # No key bias: the model's qkv_bias="qv" (none at all: "none").
       out[q + f"{name}/bias"] = b.reshape(heads, d // heads)
-  if src.has(p + "norm.weight"):  # EVA-02 CLIP's scale_attn_inner.
-    out[q + "LayerNorm_0/scale"], out[q + "LayerNorm_0/bias"] = src.take_pair(p + "norm")
-  out[q + "out/kernel"] = src.take(p + "proj.weight").T.reshape(heads, d // heads, d)
-  out[q + "out/bias"] = src.take(p + "proj.bias")
+  if sd.has(p + "norm.weight"):  # EVA-02 CLIP's scale_attn_inner.
+    out[q + "LayerNorm_0/scale"], out[q + "LayerNorm_0/bias"] = sd.take_pair(p + "norm")
+  out[q + "out/kernel"] = sd.take(p + "proj.weight").T.reshape(heads, d // heads, d)
+  out[q + "out/bias"] = sd.take(p + "proj.bias")
   return out
 
 
-def _mlp(src: arrays_source.Source, p: str, q: str) -> dict[str, np.ndarray]:
+def _mlp(sd: state_dict.StateDict, p: str, q: str) -> dict[str, np.ndarray]:
   """Mlp, packed SwiGLU (fc1: gate then value, as ours) or SwiGLU (fc1_g, fc1_x)."""
-  if src.has(p + "fc1_g.weight"):
-    gate, value = src.linear(p + "fc1_g", ""), src.linear(p + "fc1_x", "")
+  if sd.has(p + "fc1_g.weight"):
+    gate, value = sd.linear(p + "fc1_g", ""), sd.linear(p + "fc1_x", "")
     out = {q + f"Dense_0/{k}": np.concatenate([gate[k], value[k]], -1) for k in gate}
   else:
-    out = src.linear(p + "fc1", q + "Dense_0/")
-  if src.has(p + "norm.weight"):  # EVA-02's scale_mlp.
-    out[q + "LayerNorm_0/scale"], out[q + "LayerNorm_0/bias"] = src.take_pair(p + "norm")
-  return out | src.linear(p + "fc2", q + "Dense_1/")
+    out = sd.linear(p + "fc1", q + "Dense_0/")
+  if sd.has(p + "norm.weight"):  # EVA-02's scale_mlp.
+    out[q + "LayerNorm_0/scale"], out[q + "LayerNorm_0/bias"] = sd.take_pair(p + "norm")
+  return out | sd.linear(p + "fc2", q + "Dense_1/")
 
 
-def _blocks(src: arrays_source.Source, heads: int) -> dict[str, np.ndarray]:
+def _blocks(sd: state_dict.StateDict, heads: int) -> dict[str, np.ndarray]:
   out = {}
-  for i in src.numbered("blocks.", ".norm1.weight"):
+  for i in sd.numbered("blocks.", ".norm1.weight"):
     p, q = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
-    out[q + "LayerNorm_0/scale"], out[q + "LayerNorm_0/bias"] = src.take_pair(p + "norm1")
-    out |= _attention(src, p + "attn.", q + "MultiHeadDotProductAttention_1/", heads)
-    out[q + "LayerNorm_2/scale"], out[q + "LayerNorm_2/bias"] = src.take_pair(p + "norm2")
-    out |= _mlp(src, p + "mlp.", q + "MlpBlock_3/")
-    if src.has(p + "gamma_1"):
-      out[q + "LayerScale_0/scale"] = src.take(p + "gamma_1")
-      out[q + "LayerScale_1/scale"] = src.take(p + "gamma_2")
+    out[q + "LayerNorm_0/scale"], out[q + "LayerNorm_0/bias"] = sd.take_pair(p + "norm1")
+    out |= _attention(sd, p + "attn.", q + "MultiHeadDotProductAttention_1/", heads)
+    out[q + "LayerNorm_2/scale"], out[q + "LayerNorm_2/bias"] = sd.take_pair(p + "norm2")
+    out |= _mlp(sd, p + "mlp.", q + "MlpBlock_3/")
+    if sd.has(p + "gamma_1"):
+      out[q + "LayerScale_0/scale"] = sd.take(p + "gamma_1")
+      out[q + "LayerScale_1/scale"] = sd.take(p + "gamma_2")
   return out
 
 
@@ -216,17 +216,17 @@ def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
   args, _, by_width = _family(config, source)
   _rope(args, source)
   _pooling(args, config, "cls_token" in arrays, source)
-  src = arrays_source.Source(arrays, source)
-  out = {"embedding/kernel": src.conv("patch_embed.proj.weight"),
-         "embedding/bias": src.take("patch_embed.proj.bias")}
-  out |= _tokens(src)
-  out |= _blocks(src, _num_heads(args, out["embedding/kernel"].shape[-1], by_width, source))
+  sd = state_dict.StateDict(arrays, source)
+  out = {"embedding/kernel": sd.conv("patch_embed.proj.weight"),
+         "embedding/bias": sd.take("patch_embed.proj.bias")}
+  out |= _tokens(sd)
+  out |= _blocks(sd, _num_heads(args, out["embedding/kernel"].shape[-1], by_width, source))
   for name, key in (("norm", "Transformer/encoder_norm"), ("fc_norm", "fc_norm")):
-    if src.has(name + ".weight"):
-      out[key + "/scale"], out[key + "/bias"] = src.take_pair(name)
-  if src.has("head.weight"):
-    out |= src.linear("head", "head/")
-  src.check_all_used()
+    if sd.has(name + ".weight"):
+      out[key + "/scale"], out[key + "/bias"] = sd.take_pair(name)
+  if sd.has("head.weight"):
+    out |= sd.linear("head", "head/")
+  sd.check_all_used()
   return out
 
 

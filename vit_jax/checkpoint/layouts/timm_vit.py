@@ -24,7 +24,7 @@ import numpy as np
 
 from vit_jax.checkpoint import description as desc_lib
 from vit_jax.checkpoint.errors import CheckpointError
-from vit_jax.checkpoint.layouts import arrays_source, repo_config
+from vit_jax.checkpoint.layouts import repo_config, state_dict
 from vit_jax.checkpoint.npz import POSEMB_KEY
 
 NAME = "timm"
@@ -42,21 +42,21 @@ def matches(keys: Any) -> bool:
   return "patch_embed.proj.weight" in keys and "blocks.0.attn.qkv.weight" in keys
 
 
-def _backbone(src: arrays_source.Source) -> dict[str, np.ndarray]:
+def _backbone(sd: state_dict.StateDict) -> dict[str, np.ndarray]:
   """The hybrids' ResNet-v2 stem (timm's ResNetV2 with StdConv: weights as stored)."""
   b, out = "patch_embed.backbone.", {}
-  stem = b + "stem." if src.has(b + "stem.conv.weight") else b  # Stem-only: R+ViT-Ti_16.
-  out["conv_root/kernel"] = src.conv(stem + "conv.weight")
-  out["gn_root/scale"], out["gn_root/bias"] = src.take_pair(stem + "norm")
-  for i in src.numbered(b + "stages.", ".blocks.0.conv1.weight"):
-    for j in src.numbered(f"{b}stages.{i}.blocks.", ".conv1.weight"):
+  stem = b + "stem." if sd.has(b + "stem.conv.weight") else b  # Stem-only: R+ViT-Ti_16.
+  out["conv_root/kernel"] = sd.conv(stem + "conv.weight")
+  out["gn_root/scale"], out["gn_root/bias"] = sd.take_pair(stem + "norm")
+  for i in sd.numbered(b + "stages.", ".blocks.0.conv1.weight"):
+    for j in sd.numbered(f"{b}stages.{i}.blocks.", ".conv1.weight"):
       p, q = f"{b}stages.{i}.blocks.{j}.", f"block{i + 1}/unit{j + 1}/"
       for r in (1, 2, 3):
-        out[q + f"conv{r}/kernel"] = src.conv(p + f"conv{r}.weight")
-        out[q + f"gn{r}/scale"], out[q + f"gn{r}/bias"] = src.take_pair(p + f"norm{r}")
-      if src.has(p + "downsample.conv.weight"):
-        out[q + "conv_proj/kernel"] = src.conv(p + "downsample.conv.weight")
-        out[q + "gn_proj/scale"], out[q + "gn_proj/bias"] = src.take_pair(p + "downsample.norm")
+        out[q + f"conv{r}/kernel"] = sd.conv(p + f"conv{r}.weight")
+        out[q + f"gn{r}/scale"], out[q + f"gn{r}/bias"] = sd.take_pair(p + f"norm{r}")
+      if sd.has(p + "downsample.conv.weight"):
+        out[q + "conv_proj/kernel"] = sd.conv(p + "downsample.conv.weight")
+        out[q + "gn_proj/scale"], out[q + "gn_proj/bias"] = sd.take_pair(p + "downsample.norm")
   return out
 
 
@@ -64,21 +64,21 @@ def _square(n: int) -> bool:
   return n >= 0 and math.isqrt(n) ** 2 == n
 
 
-def _tokens(src: arrays_source.Source) -> dict[str, np.ndarray]:
+def _tokens(sd: state_dict.StateDict) -> dict[str, np.ndarray]:
   """Class token, registers, position embedding. Ours covers the class token (a zero row
   where timm's `no_embed_class` gives it none) and the patches; registers get none, so rows
   timm gives them are folded into the registers."""
-  out, posemb = {}, src.take("pos_embed")
-  cls = src.has("cls_token")
+  out, posemb = {}, sd.take("pos_embed")
+  cls = sd.has("cls_token")
   if cls:
-    out["cls"] = src.take("cls_token")
-  registers = src.take("reg_token") if src.has("reg_token") else None
+    out["cls"] = sd.take("cls_token")
+  registers = sd.take("reg_token") if sd.has("reg_token") else None
   prefix = int(cls) + (0 if registers is None else registers.shape[1])
   n = posemb.shape[1]
   layouts = [embed for embed, ok in ((False, _square(n)), (True, prefix and _square(n - prefix)))
              if ok]
   if len(layouts) != 1:
-    raise CheckpointError(f"{src.name}: pos_embed's {n} rows are not a square patch grid with or "
+    raise CheckpointError(f"{sd.name}: pos_embed's {n} rows are not a square patch grid with or "
                           f"without the {prefix} prefix tokens' rows.")
   if not layouts[0] and cls:  # no_embed_class: the class token had no position embedding.
     posemb = np.concatenate([np.zeros_like(posemb[:, :1]), posemb], axis=1)
@@ -91,57 +91,57 @@ def _tokens(src: arrays_source.Source) -> dict[str, np.ndarray]:
   return out
 
 
-def _attention(src: arrays_source.Source, p: str, q: str, heads: int) -> dict[str, np.ndarray]:
+def _attention(sd: state_dict.StateDict, p: str, q: str, heads: int) -> dict[str, np.ndarray]:
   """timm's fused qkv and proj (block `p`) as query/key/value/out of block `q`; a qkv without
   bias (`qkv_bias=False`) as the model's qkv_bias="none"."""
-  w = src.take(p + "attn.qkv.weight")
-  b = src.take(p + "attn.qkv.bias") if src.has(p + "attn.qkv.bias") else None
+  w = sd.take(p + "attn.qkv.weight")
+  b = sd.take(p + "attn.qkv.bias") if sd.has(p + "attn.qkv.bias") else None
   d = w.shape[1]
   out = {}
   for n, name in enumerate(("query", "key", "value")):
     out[q + f"{name}/kernel"] = w[n * d:(n + 1) * d].T.reshape(d, heads, d // heads)
     if b is not None:
       out[q + f"{name}/bias"] = b[n * d:(n + 1) * d].reshape(heads, d // heads)
-  out[q + "out/kernel"] = src.take(p + "attn.proj.weight").T.reshape(heads, d // heads, d)
-  out[q + "out/bias"] = src.take(p + "attn.proj.bias")
+  out[q + "out/kernel"] = sd.take(p + "attn.proj.weight").T.reshape(heads, d // heads, d)
+  out[q + "out/bias"] = sd.take(p + "attn.proj.bias")
   return out
 
 
-def _blocks(src: arrays_source.Source, heads: int) -> dict[str, np.ndarray]:
+def _blocks(sd: state_dict.StateDict, heads: int) -> dict[str, np.ndarray]:
   out = {}
-  for i in src.numbered("blocks.", ".norm1.weight"):
+  for i in sd.numbered("blocks.", ".norm1.weight"):
     p, q = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
-    out[q + "LayerNorm_0/scale"], out[q + "LayerNorm_0/bias"] = src.take_pair(p + "norm1")
-    out |= _attention(src, p, q + "MultiHeadDotProductAttention_1/", heads)
-    out[q + "LayerNorm_2/scale"], out[q + "LayerNorm_2/bias"] = src.take_pair(p + "norm2")
+    out[q + "LayerNorm_0/scale"], out[q + "LayerNorm_0/bias"] = sd.take_pair(p + "norm1")
+    out |= _attention(sd, p, q + "MultiHeadDotProductAttention_1/", heads)
+    out[q + "LayerNorm_2/scale"], out[q + "LayerNorm_2/bias"] = sd.take_pair(p + "norm2")
     # A GELU Mlp, or SwiGLUPacked (DINOv2-g): fc1 twice as wide as fc2 reads, gate first.
-    out |= src.linear(p + "mlp.fc1", q + "MlpBlock_3/Dense_0/")
-    out |= src.linear(p + "mlp.fc2", q + "MlpBlock_3/Dense_1/")
-    if src.has(p + "ls1.gamma"):  # LayerScale (DINOv2), on both branches.
-      out[q + "LayerScale_0/scale"] = src.take(p + "ls1.gamma")
-      out[q + "LayerScale_1/scale"] = src.take(p + "ls2.gamma")
+    out |= sd.linear(p + "mlp.fc1", q + "MlpBlock_3/Dense_0/")
+    out |= sd.linear(p + "mlp.fc2", q + "MlpBlock_3/Dense_1/")
+    if sd.has(p + "ls1.gamma"):  # LayerScale (DINOv2), on both branches.
+      out[q + "LayerScale_0/scale"] = sd.take(p + "ls1.gamma")
+      out[q + "LayerScale_1/scale"] = sd.take(p + "ls2.gamma")
   return out
 
 
-def _attention_pool(src: arrays_source.Source, heads: int) -> dict[str, np.ndarray]:
+def _attention_pool(sd: state_dict.StateDict, heads: int) -> dict[str, np.ndarray]:
   """SigLIP's head (timm's AttentionPoolLatent) as big_vision's MAPHead."""
   q, out = "MAPHead_0/MultiHeadDotProductAttention_0/", {}
-  out["MAPHead_0/probe"] = src.take("attn_pool.latent")
+  out["MAPHead_0/probe"] = sd.take("attn_pool.latent")
   if out["MAPHead_0/probe"].shape[1] != 1:
-    raise CheckpointError(f"{src.name}: an attention pool of several latents is not supported.")
+    raise CheckpointError(f"{sd.name}: an attention pool of several latents is not supported.")
   d = out["MAPHead_0/probe"].shape[-1]
-  kv_w, kv_b = src.take("attn_pool.kv.weight"), src.take("attn_pool.kv.bias")
-  parts = {"query": (src.take("attn_pool.q.weight"), src.take("attn_pool.q.bias")),
+  kv_w, kv_b = sd.take("attn_pool.kv.weight"), sd.take("attn_pool.kv.bias")
+  parts = {"query": (sd.take("attn_pool.q.weight"), sd.take("attn_pool.q.bias")),
            "key": (kv_w[:d], kv_b[:d]), "value": (kv_w[d:], kv_b[d:])}
   for name, (w, b) in parts.items():
     out[q + f"{name}/kernel"] = w.T.reshape(d, heads, d // heads)
     out[q + f"{name}/bias"] = b.reshape(heads, d // heads)
-  out[q + "out/kernel"] = src.take("attn_pool.proj.weight").T.reshape(heads, d // heads, d)
-  out[q + "out/bias"] = src.take("attn_pool.proj.bias")
-  out["MAPHead_0/LayerNorm_0/scale"], out["MAPHead_0/LayerNorm_0/bias"] = src.take_pair(
+  out[q + "out/kernel"] = sd.take("attn_pool.proj.weight").T.reshape(heads, d // heads, d)
+  out[q + "out/bias"] = sd.take("attn_pool.proj.bias")
+  out["MAPHead_0/LayerNorm_0/scale"], out["MAPHead_0/LayerNorm_0/bias"] = sd.take_pair(
       "attn_pool.norm")
-  out |= src.linear("attn_pool.mlp.fc1", "MAPHead_0/MlpBlock_0/Dense_0/")
-  out |= src.linear("attn_pool.mlp.fc2", "MAPHead_0/MlpBlock_0/Dense_1/")
+  out |= sd.linear("attn_pool.mlp.fc1", "MAPHead_0/MlpBlock_0/Dense_0/")
+  out |= sd.linear("attn_pool.mlp.fc2", "MAPHead_0/MlpBlock_0/Dense_1/")
   return out
 
 
@@ -182,16 +182,16 @@ def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
   """timm's state dict (numpy) as flat original-layout arrays; raises CheckpointError
   naming any array it does not use."""
   _check_architecture(config, source)
-  arrays_source.refuse_unsupported(arrays, _UNSUPPORTED, source)
-  src = arrays_source.Source(arrays, source)
-  _pooling(config, src.has("cls_token"), src.has("reg_token"), source)
-  out = _backbone(src) if any(k.startswith("patch_embed.backbone.") for k in arrays) else {}
-  out["embedding/kernel"] = src.conv("patch_embed.proj.weight")
-  if src.has("norm_pre.weight"):  # CLIP: a pre-norm, and a patch embedding without bias.
-    out["Transformer/pre_norm/scale"], out["Transformer/pre_norm/bias"] = src.take_pair("norm_pre")
+  state_dict.refuse_unsupported(arrays, _UNSUPPORTED, source)
+  sd = state_dict.StateDict(arrays, source)
+  _pooling(config, sd.has("cls_token"), sd.has("reg_token"), source)
+  out = _backbone(sd) if any(k.startswith("patch_embed.backbone.") for k in arrays) else {}
+  out["embedding/kernel"] = sd.conv("patch_embed.proj.weight")
+  if sd.has("norm_pre.weight"):  # CLIP: a pre-norm, and a patch embedding without bias.
+    out["Transformer/pre_norm/scale"], out["Transformer/pre_norm/bias"] = sd.take_pair("norm_pre")
   else:
-    out["embedding/bias"] = src.take("patch_embed.proj.bias")
-  out |= _tokens(src)
+    out["embedding/bias"] = sd.take("patch_embed.proj.bias")
+  out |= _tokens(sd)
   fc1 = arrays.get("blocks.0.mlp.fc1.weight")
   if fc1 is None:  # timm's SwiGLU of separate fc1_g, fc1_x (AIMv2's), or another MLP.
     mlp = ", ".join(sorted(k for k in arrays if k.startswith("blocks.0.mlp.")))
@@ -200,17 +200,17 @@ def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
   layers = len({k.split(".")[1] for k in arrays if k.startswith("blocks.")})
   heads = repo_config.timm_num_heads(config, fc1.shape[1], fc1.shape[0], layers,
                                      out["embedding/kernel"].shape[0])
-  out |= _blocks(src, heads)
+  out |= _blocks(sd, heads)
   for name, key in (("norm", "Transformer/encoder_norm"), ("fc_norm", "fc_norm")):
-    if src.has(name + ".weight"):
-      out[key + "/scale"], out[key + "/bias"] = src.take_pair(name)
-  if src.has("attn_pool.latent"):
-    out |= _attention_pool(src, heads)
-  if src.has("pre_logits.fc.weight"):
-    out |= src.linear("pre_logits.fc", "pre_logits/")
-  if src.has("head.weight"):
-    out |= _head(src, clip="Transformer/pre_norm/scale" in out)
-  src.check_all_used()
+    if sd.has(name + ".weight"):
+      out[key + "/scale"], out[key + "/bias"] = sd.take_pair(name)
+  if sd.has("attn_pool.latent"):
+    out |= _attention_pool(sd, heads)
+  if sd.has("pre_logits.fc.weight"):
+    out |= sd.linear("pre_logits.fc", "pre_logits/")
+  if sd.has("head.weight"):
+    out |= _head(sd, clip="Transformer/pre_norm/scale" in out)
+  sd.check_all_used()
   return out
 
 
@@ -247,12 +247,12 @@ def _check_module(model: Any, source: str) -> None:
                           "SwiGLUPacked's (SiLU, gate first).")
 
 
-def _head(src: arrays_source.Source, clip: bool) -> dict[str, np.ndarray]:
+def _head(sd: state_dict.StateDict, clip: bool) -> dict[str, np.ndarray]:
   """The classifier. A CLIP tower's (`clip`) is CLIP's projection, to which timm's converter
   gave an all-zero bias: left out, as the model's head_bias=False."""
-  out = {"head/kernel": src.take("head.weight").T}
-  if src.has("head.bias"):
-    bias = src.take("head.bias")
+  out = {"head/kernel": sd.take("head.weight").T}
+  if sd.has("head.bias"):
+    bias = sd.take("head.bias")
     if not clip or np.any(bias):
       out["head/bias"] = bias
   return out

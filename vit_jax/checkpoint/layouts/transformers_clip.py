@@ -29,7 +29,7 @@ import numpy as np
 from vit_jax import models
 from vit_jax.checkpoint import description as desc_lib
 from vit_jax.checkpoint.errors import CheckpointError
-from vit_jax.checkpoint.layouts import arrays_source, repo_config, transformers_vit
+from vit_jax.checkpoint.layouts import repo_config, state_dict, transformers_vit
 from vit_jax.checkpoint.npz import POSEMB_KEY
 
 NAME = "transformers CLIP"
@@ -51,32 +51,32 @@ def vision_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
   return config.get("vision_config") or config
 
 
-def _position_ids(src: arrays_source.Source, key: str, tokens: int) -> None:
+def _position_ids(sd: state_dict.StateDict, key: str, tokens: int) -> None:
   """Older files hold the position ids transformers now rebuilds: used where they are
   0..tokens-1, the only ids the model takes; refused otherwise."""
-  if src.has(key):
-    ids = src.take(key)
+  if sd.has(key):
+    ids = sd.take(key)
     if not np.array_equal(ids.reshape(-1), np.arange(tokens)):
-      raise CheckpointError(f"{src.name}: {key} is not 0..{tokens - 1}: position ids that "
+      raise CheckpointError(f"{sd.name}: {key} is not 0..{tokens - 1}: position ids that "
                             "reorder the embeddings are not supported.")
 
 
-def _block(src: arrays_source.Source, i: int, heads: int) -> dict[str, np.ndarray]:
+def _block(sd: state_dict.StateDict, i: int, heads: int) -> dict[str, np.ndarray]:
   p, q = f"encoder.layers.{i}.", f"Transformer/encoderblock_{i}/"
   att, out = q + "MultiHeadDotProductAttention_1/", {}
-  out[q + "LayerNorm_0/scale"], out[q + "LayerNorm_0/bias"] = src.take_pair(p + "layer_norm1")
+  out[q + "LayerNorm_0/scale"], out[q + "LayerNorm_0/bias"] = sd.take_pair(p + "layer_norm1")
   for name in ("q", "k", "v"):
-    dense = src.linear(p + f"self_attn.{name}_proj", "")
+    dense = sd.linear(p + f"self_attn.{name}_proj", "")
     d = dense["kernel"].shape[0]
     full = {"q": "query", "k": "key", "v": "value"}[name]
     out[att + f"{full}/kernel"] = dense["kernel"].reshape(d, heads, d // heads)
     out[att + f"{full}/bias"] = dense["bias"].reshape(heads, d // heads)
-  dense = src.linear(p + "self_attn.out_proj", "")
+  dense = sd.linear(p + "self_attn.out_proj", "")
   out[att + "out/kernel"] = dense["kernel"].reshape(heads, -1, dense["kernel"].shape[-1])
   out[att + "out/bias"] = dense["bias"]
-  out[q + "LayerNorm_2/scale"], out[q + "LayerNorm_2/bias"] = src.take_pair(p + "layer_norm2")
-  out |= src.linear(p + "mlp.fc1", q + "MlpBlock_3/Dense_0/")
-  out |= src.linear(p + "mlp.fc2", q + "MlpBlock_3/Dense_1/")
+  out[q + "LayerNorm_2/scale"], out[q + "LayerNorm_2/bias"] = sd.take_pair(p + "layer_norm2")
+  out |= sd.linear(p + "mlp.fc1", q + "MlpBlock_3/Dense_0/")
+  out |= sd.linear(p + "mlp.fc2", q + "MlpBlock_3/Dense_1/")
   return out
 
 
@@ -85,28 +85,28 @@ def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
   """The image tower's state dict (numpy) as flat original-layout arrays; the text tower of a
   CLIPModel is left out (one logged line); raises CheckpointError naming any other array it
   does not use."""
-  src = arrays_source.Source({k.removeprefix("vision_model."): v for k, v in arrays.items()},
-                             source)
-  src.leave_out(_TEXT_TOWER, "a CLIPModel's text tower, which vit_jax's image model has no "
-                "place for")
+  sd = state_dict.StateDict({k.removeprefix("vision_model."): v for k, v in arrays.items()},
+                            source)
+  sd.leave_out(_TEXT_TOWER, "a CLIPModel's text tower, which vit_jax's image model has no "
+               "place for")
   heads = int(vision_config(config).get("num_attention_heads") or 0)
   if not heads:
     raise CheckpointError(f"{source}: its config.json names no num_attention_heads.")
   e, out = "embeddings.", {}
-  out["embedding/kernel"] = src.conv(e + "patch_embedding.weight")
-  out["cls"] = src.take(e + "class_embedding").reshape(1, 1, -1)
-  posemb = src.take(e + "position_embedding.weight")
+  out["embedding/kernel"] = sd.conv(e + "patch_embedding.weight")
+  out["cls"] = sd.take(e + "class_embedding").reshape(1, 1, -1)
+  posemb = sd.take(e + "position_embedding.weight")
   out[POSEMB_KEY] = posemb[None]
-  _position_ids(src, e + "position_ids", posemb.shape[0])
-  out["Transformer/pre_norm/scale"], out["Transformer/pre_norm/bias"] = src.take_pair(
+  _position_ids(sd, e + "position_ids", posemb.shape[0])
+  out["Transformer/pre_norm/scale"], out["Transformer/pre_norm/bias"] = sd.take_pair(
       "pre_layrnorm")
-  for i in src.numbered("encoder.layers.", ".layer_norm1.weight"):
-    out |= _block(src, i, heads)
-  out["Transformer/encoder_norm/scale"], out["Transformer/encoder_norm/bias"] = src.take_pair(
+  for i in sd.numbered("encoder.layers.", ".layer_norm1.weight"):
+    out |= _block(sd, i, heads)
+  out["Transformer/encoder_norm/scale"], out["Transformer/encoder_norm/bias"] = sd.take_pair(
       "post_layernorm")
-  if src.has("visual_projection.weight"):
-    out["head/kernel"] = src.take("visual_projection.weight").T
-  src.check_all_used()
+  if sd.has("visual_projection.weight"):
+    out["head/kernel"] = sd.take("visual_projection.weight").T
+  sd.check_all_used()
   return out
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from vit_jax import models
 from vit_jax.checkpoint import description as desc_lib
 from vit_jax.checkpoint.errors import CheckpointError
-from vit_jax.checkpoint.layouts import arrays_source, transformers_clip, transformers_vit
+from vit_jax.checkpoint.layouts import state_dict, transformers_clip, transformers_vit
 
 NAME = "transformers DINOv2"
 # The backbone's prefix in a ...ForImageClassification: Dinov2's, Dinov2WithRegisters'.
@@ -35,31 +35,31 @@ def matches(keys: Any) -> bool:
   return any(_PREFIX.sub("", k) == "encoder.layer.0.layer_scale1.lambda1" for k in keys)
 
 
-def _mlp(src: arrays_source.Source, p: str, q: str) -> dict[str, np.ndarray]:
-  if src.has(p + "weights_in.weight"):  # SwiGLU: [gate; value] packed, as our Dense_0.
+def _mlp(sd: state_dict.StateDict, p: str, q: str) -> dict[str, np.ndarray]:
+  if sd.has(p + "weights_in.weight"):  # SwiGLU: [gate; value] packed, as our Dense_0.
     names = ("weights_in", "weights_out")
   else:
     names = ("fc1", "fc2")
-  return src.linear(p + names[0], q + "Dense_0/") | src.linear(p + names[1], q + "Dense_1/")
+  return sd.linear(p + names[0], q + "Dense_0/") | sd.linear(p + names[1], q + "Dense_1/")
 
 
-def _block(src: arrays_source.Source, i: int, heads: int) -> dict[str, np.ndarray]:
+def _block(sd: state_dict.StateDict, i: int, heads: int) -> dict[str, np.ndarray]:
   p, q = f"encoder.layer.{i}.", f"Transformer/encoderblock_{i}/"
   att, out = q + "MultiHeadDotProductAttention_1/", {}
-  out[q + "LayerNorm_0/scale"], out[q + "LayerNorm_0/bias"] = src.take_pair(p + "norm1")
+  out[q + "LayerNorm_0/scale"], out[q + "LayerNorm_0/bias"] = sd.take_pair(p + "norm1")
   for name in ("query", "key", "value"):
     a = p + f"attention.attention.{name}."
-    w = src.take(a + "weight").T
+    w = sd.take(a + "weight").T
     out[att + f"{name}/kernel"] = w.reshape(w.shape[0], heads, -1)
-    if src.has(a + "bias"):  # Else config.qkv_bias=false.
-      out[att + f"{name}/bias"] = src.take(a + "bias").reshape(heads, -1)
-  dense = src.linear(p + "attention.output.dense", "")
+    if sd.has(a + "bias"):  # Else config.qkv_bias=false.
+      out[att + f"{name}/bias"] = sd.take(a + "bias").reshape(heads, -1)
+  dense = sd.linear(p + "attention.output.dense", "")
   out[att + "out/kernel"] = dense["kernel"].reshape(heads, -1, dense["kernel"].shape[-1])
   out[att + "out/bias"] = dense["bias"]
-  out[q + "LayerScale_0/scale"] = src.take(p + "layer_scale1.lambda1")
-  out[q + "LayerNorm_2/scale"], out[q + "LayerNorm_2/bias"] = src.take_pair(p + "norm2")
-  out |= _mlp(src, p + "mlp.", q + "MlpBlock_3/")
-  out[q + "LayerScale_1/scale"] = src.take(p + "layer_scale2.lambda1")
+  out[q + "LayerScale_0/scale"] = sd.take(p + "layer_scale1.lambda1")
+  out[q + "LayerNorm_2/scale"], out[q + "LayerNorm_2/bias"] = sd.take_pair(p + "norm2")
+  out |= _mlp(sd, p + "mlp.", q + "MlpBlock_3/")
+  out[q + "LayerScale_1/scale"] = sd.take(p + "layer_scale2.lambda1")
   return out
 
 
@@ -73,17 +73,17 @@ def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
         f"{source} is a Dinov2(WithRegisters)ForImageClassification, whose head reads the class "
         "token and the patches' mean concatenated, a pooling vit_jax's ViT does not have: load its backbone "
         "(a Dinov2Model's arrays) instead.")
-  src = arrays_source.Source({_PREFIX.sub("", k): v for k, v in arrays.items()}, source)
-  heads, out = transformers_vit.num_heads(config, source), transformers_vit.embeddings(src)
-  if src.has("embeddings.mask_token"):  # Masked pre-training's input; inference never reads it.
-    src.take("embeddings.mask_token")
-  if src.has("embeddings.register_tokens"):  # Dinov2WithRegistersModel's, after the class token.
-    out["reg"] = src.take("embeddings.register_tokens")
-  for i in src.numbered("encoder.layer.", ".norm1.weight"):
-    out |= _block(src, i, heads)
-  out["Transformer/encoder_norm/scale"], out["Transformer/encoder_norm/bias"] = src.take_pair(
+  sd = state_dict.StateDict({_PREFIX.sub("", k): v for k, v in arrays.items()}, source)
+  heads, out = transformers_vit.num_heads(config, source), transformers_vit.embeddings(sd)
+  if sd.has("embeddings.mask_token"):  # Masked pre-training's input; inference never reads it.
+    sd.take("embeddings.mask_token")
+  if sd.has("embeddings.register_tokens"):  # Dinov2WithRegistersModel's, after the class token.
+    out["reg"] = sd.take("embeddings.register_tokens")
+  for i in sd.numbered("encoder.layer.", ".norm1.weight"):
+    out |= _block(sd, i, heads)
+  out["Transformer/encoder_norm/scale"], out["Transformer/encoder_norm/bias"] = sd.take_pair(
       "layernorm")
-  src.check_all_used()
+  sd.check_all_used()
   return out
 
 

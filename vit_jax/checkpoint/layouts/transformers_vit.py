@@ -12,7 +12,7 @@ import numpy as np
 from vit_jax import models
 from vit_jax.checkpoint import description as desc_lib, specs
 from vit_jax.checkpoint.errors import CheckpointError
-from vit_jax.checkpoint.layouts import arrays_source, repo_config
+from vit_jax.checkpoint.layouts import repo_config, state_dict
 from vit_jax.checkpoint.npz import POSEMB_KEY
 
 NAME = "transformers"
@@ -29,10 +29,10 @@ def matches(keys: Any) -> bool:
              for k in keys)
 
 
-def _dense(src: arrays_source.Source, p: str, q: str, heads: int | None = None,
+def _dense(sd: state_dict.StateDict, p: str, q: str, heads: int | None = None,
            out: bool = False) -> dict[str, np.ndarray]:
   """A torch Linear as a flax Dense, or a DenseGeneral over heads (into or out of them)."""
-  dense = src.linear(p, "")
+  dense = sd.linear(p, "")
   w, b = dense["kernel"], dense["bias"]
   if heads and out:
     w = w.reshape(heads, -1, w.shape[-1])
@@ -41,18 +41,18 @@ def _dense(src: arrays_source.Source, p: str, q: str, heads: int | None = None,
   return {q + "kernel": w, q + "bias": b}
 
 
-def _block(src: arrays_source.Source, i: int, heads: int) -> dict[str, np.ndarray]:
+def _block(sd: state_dict.StateDict, i: int, heads: int) -> dict[str, np.ndarray]:
   p, q = f"encoder.layer.{i}.", f"Transformer/encoderblock_{i}/"
   att, out = q + "MultiHeadDotProductAttention_1/", {}
-  out[q + "LayerNorm_0/scale"], out[q + "LayerNorm_0/bias"] = src.take_pair(
+  out[q + "LayerNorm_0/scale"], out[q + "LayerNorm_0/bias"] = sd.take_pair(
       p + "layernorm_before")
   for name in ("query", "key", "value"):
-    out |= _dense(src, p + f"attention.attention.{name}", att + f"{name}/", heads)
-  out |= _dense(src, p + "attention.output.dense", att + "out/", heads, out=True)
-  out[q + "LayerNorm_2/scale"], out[q + "LayerNorm_2/bias"] = src.take_pair(
+    out |= _dense(sd, p + f"attention.attention.{name}", att + f"{name}/", heads)
+  out |= _dense(sd, p + "attention.output.dense", att + "out/", heads, out=True)
+  out[q + "LayerNorm_2/scale"], out[q + "LayerNorm_2/bias"] = sd.take_pair(
       p + "layernorm_after")
-  out |= _dense(src, p + "intermediate.dense", q + "MlpBlock_3/Dense_0/")
-  out |= _dense(src, p + "output.dense", q + "MlpBlock_3/Dense_1/")
+  out |= _dense(sd, p + "intermediate.dense", q + "MlpBlock_3/Dense_0/")
+  out |= _dense(sd, p + "output.dense", q + "MlpBlock_3/Dense_1/")
   return out
 
 
@@ -63,14 +63,14 @@ def num_heads(config: Mapping[str, Any], source: str) -> int:
   return heads
 
 
-def embeddings(src: arrays_source.Source) -> dict[str, np.ndarray]:
+def embeddings(sd: state_dict.StateDict) -> dict[str, np.ndarray]:
   """The patch embedding, class token and position embedding under `embeddings.` (ViT's and
   DINOv2's names)."""
   e, out = "embeddings.", {}
-  out["embedding/kernel"] = src.conv(e + "patch_embeddings.projection.weight")
-  out["embedding/bias"] = src.take(e + "patch_embeddings.projection.bias")
-  out["cls"] = src.take(e + "cls_token")
-  out[POSEMB_KEY] = src.take(e + "position_embeddings")
+  out["embedding/kernel"] = sd.conv(e + "patch_embeddings.projection.weight")
+  out["embedding/bias"] = sd.take(e + "patch_embeddings.projection.bias")
+  out["cls"] = sd.take(e + "cls_token")
+  out[POSEMB_KEY] = sd.take(e + "position_embeddings")
   return out
 
 
@@ -78,16 +78,16 @@ def to_released(arrays: Mapping[str, np.ndarray], config: Mapping[str, Any],
                 source: str) -> dict[str, np.ndarray]:
   """transformers' ViT state dict (numpy) as flat original-layout arrays; raises
   CheckpointError naming any array it does not use."""
-  src = arrays_source.Source({k.removeprefix("vit."): v for k, v in arrays.items()}, source)
-  heads, out = num_heads(config, source), embeddings(src)
-  for i in src.numbered("encoder.layer.", ".layernorm_before.weight"):
-    out |= _block(src, i, heads)
-  out["Transformer/encoder_norm/scale"], out["Transformer/encoder_norm/bias"] = src.take_pair(
+  sd = state_dict.StateDict({k.removeprefix("vit."): v for k, v in arrays.items()}, source)
+  heads, out = num_heads(config, source), embeddings(sd)
+  for i in sd.numbered("encoder.layer.", ".layernorm_before.weight"):
+    out |= _block(sd, i, heads)
+  out["Transformer/encoder_norm/scale"], out["Transformer/encoder_norm/bias"] = sd.take_pair(
       "layernorm")
   for prefix, to in (("pooler.dense", "pre_logits/"), ("classifier", "head/")):
-    if src.has(prefix + ".weight"):
-      out |= src.linear(prefix, to)
-  src.check_all_used()
+    if sd.has(prefix + ".weight"):
+      out |= sd.linear(prefix, to)
+  sd.check_all_used()
   return out
 
 

@@ -1,6 +1,6 @@
-"""A checkpoint's arrays taken by name, each once, so that a layout reader can refuse, by
-name, every array it did not use: no weight is dropped without a word. torch's shapes of a
-Linear and a Conv2d come out in flax's."""
+"""A framework's state dict, its arrays taken by name, each once, so that a layout reader can
+refuse, by name, every array it did not use: no weight is dropped without a word. torch's
+shapes of a Linear and a Conv2d come out in flax's."""
 import re
 from typing import Any, Iterator, Mapping
 
@@ -12,7 +12,7 @@ from vit_jax.checkpoint.errors import CheckpointError
 _SHOWN = 8  # Unused names listed in the error; the rest counted.
 
 
-class Source:
+class StateDict:
   """`take` hands out an array and marks it used; `check_all_used` refuses the rest."""
 
   def __init__(self, arrays: Mapping[str, Any], name: str):
