@@ -140,13 +140,13 @@ class _NormOfParams:
   def __init__(self, scale):
     self.scale = scale
 
-  def run(self, params):
+  def evaluate(self, params):
     CALLS.append(1)
     norm = np.sqrt(sum(float(np.sum(np.square(x))) for x in jax.tree.leaves(params)))
     return {"param_norm": self.scale * norm}
 
-def create(cfg, run):
-  assert run.batch_size > 0 and run.model.num_classes == 10
+def create(cfg, context):
+  assert context.batch_size > 0 and context.model.num_classes == 10
   return _NormOfParams(cfg.scale)
 """
 

@@ -5,6 +5,7 @@ extra evaluation and a user's evaluator in a training run: test_e2e_train.py).""
 import sys
 import textwrap
 
+import ml_collections
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -29,7 +30,7 @@ def test_real_counts_a_prediction_in_the_set_and_leaves_out_empty_sets():
   mask = np.array([1, 1, 1, 0, 1, 1, 1, 1], np.float32)
   batch = {"image": np.zeros((8, 2, 2, 3), np.float32), "label": sets, "mask": mask}
   evaluator = classification.ClassificationEvaluator(lambda p, x: logits, lambda: [batch])
-  assert evaluator.run(None) == {"accuracy": 4 / 6, "top5_accuracy": 1.0, "num_examples": 6}
+  assert evaluator.evaluate(None) == {"accuracy": 4 / 6, "top5_accuracy": 1.0, "num_examples": 6}
 
 
 def test_real_labels_are_the_raters_set():
@@ -93,6 +94,36 @@ def test_every_row_of_the_registry_makes_a_valid_entry():
     assert entry.type == type_name and entry.every_steps is None and entry.at_end
     assert all(entry[k] == v for k, v in fixed.items())
   assert set(config_lib.base_config().evals) == {registry.MAIN}
+
+
+_WITHOUT_EVALUATE = """
+import ml_collections
+
+def default_config():
+  return ml_collections.ConfigDict()
+
+class _Old:
+  def run(self, params):
+    return {}
+
+def create(cfg, context):
+  return _Old()
+"""
+
+
+def test_an_evaluator_without_evaluate_is_refused_naming_its_entry(tmp_path, monkeypatch):
+  """A user's create() whose object has no evaluate(params) (one written to the contract's
+  earlier method name, `run`) is refused as the run builds its evaluators, in one line
+  naming the entry, the module and the method."""
+  (tmp_path / "old_contract").mkdir()
+  (tmp_path / "old_contract" / "__init__.py").write_text("")
+  (tmp_path / "old_contract" / "evals.py").write_text(_WITHOUT_EVALUATE)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  evals = ml_collections.ConfigDict({"norm": {"type": "old_contract.evals"}})
+  registry.validate(evals)
+  with pytest.raises(ValueError, match=r"config.evals.norm: old_contract.evals.create\(\) "
+                                       r"returned _Old, which has no evaluate\(params\)"):
+    registry.build(evals, None, 10)
 
 
 def test_the_forms_config_evals_replaced_are_refused_with_their_translation(tmp_path):

@@ -10,7 +10,7 @@ import numpy as np
 from vit_jax import data, losses
 
 if TYPE_CHECKING:
-  from vit_jax.evaluators.registry import Run
+  from vit_jax.evaluators.registry import EvalContext
 
 
 def label_set_sums(logits: jax.Array, label_sets: jax.Array, mask: jax.Array
@@ -59,11 +59,11 @@ class ClassificationEvaluator:
     self._sums = jax.jit(sums)
 
   def lower(self, params, batch) -> jax.stages.Lowered:
-    """The step `run` compiles for each batch, lowered for `params` and `batch` (arrays or
+    """The step `evaluate` compiles for each batch, lowered for `params` and `batch` (arrays or
     abstract shapes with their shardings)."""
     return self._sums.lower(params, batch)
 
-  def run(self, params) -> dict[str, float]:
+  def evaluate(self, params) -> dict[str, float]:
     total = None
     for batch in self.batches():
       s = self._sums(params, batch)
@@ -83,9 +83,10 @@ def default_config() -> ml_collections.ConfigDict:
       split=ml_collections.FieldReference(None, field_type=str)))
 
 
-def create(cfg: ml_collections.ConfigDict, run: "Run") -> ClassificationEvaluator:
-  data_cfg = run.data.copy_and_resolve_references()
+def create(cfg: ml_collections.ConfigDict, context: "EvalContext") -> ClassificationEvaluator:
+  data_cfg = context.data.copy_and_resolve_references()
   data_cfg.update(name=cfg.dataset or data_cfg.name, eval_split=cfg.split or data_cfg.eval_split)
   return ClassificationEvaluator(
-      run.predict, lambda: run.watch(data.eval_iterator(
-          data_cfg, global_batch_size=run.batch_size, sharding=run.sharding)), run.loss)
+      context.predict, lambda: context.watch(data.eval_iterator(
+          data_cfg, global_batch_size=context.batch_size, sharding=context.sharding)),
+      context.loss)

@@ -19,7 +19,7 @@ from vit_jax.config_errors import check
 if TYPE_CHECKING:  # JAX is imported where it runs: vit-fewshot checks its flags without it.
   from jax.sharding import Sharding
 
-  from vit_jax.evaluators.registry import Run
+  from vit_jax.evaluators.registry import EvalContext
 
 BIAS_CONSTANT = 100.0
 # The defaults of every few-shot entry point (config.evals, vit-fewshot, the notebook).
@@ -248,7 +248,7 @@ class FewShotEvaluator:
     self.datasets, self.shots, self.seeds = datasets, tuple(shots), seeds
     self.l2_regs, self.val_per_class = tuple(l2_regs), val_per_class
 
-  def run_dataset(self, params, name: str) -> list[FewShotResult]:
+  def dataset_results(self, params, name: str) -> list[FewShotResult]:
     """The results on one of the datasets."""
     fn = lambda images: self.repr_fn(params, images)
     train_batches, test_batches, num_classes = self.datasets[name]
@@ -257,11 +257,11 @@ class FewShotEvaluator:
     return evaluate_dataset(name, train, test, num_classes, self.shots, self.seeds,
                             self.l2_regs, self.val_per_class)
 
-  def run_detailed(self, params) -> list[FewShotResult]:
-    return [r for name in self.datasets for r in self.run_dataset(params, name)]
+  def results(self, params) -> list[FewShotResult]:
+    return [r for name in self.datasets for r in self.dataset_results(params, name)]
 
-  def run(self, params) -> dict[str, float]:
-    return {f"{r.dataset}_{r.shots}shot": r.mean for r in self.run_detailed(params)}
+  def evaluate(self, params) -> dict[str, float]:
+    return {f"{r.dataset}_{r.shots}shot": r.mean for r in self.results(params)}
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -281,10 +281,12 @@ def validate(cfg: ml_collections.ConfigDict, field: str) -> None:
   check(cfg.seeds >= 1, f"{field}.seeds", cfg.seeds, "must be >= 1")
 
 
-def create(cfg: ml_collections.ConfigDict, run: "Run") -> FewShotEvaluator:
+def create(cfg: ml_collections.ConfigDict, context: "EvalContext") -> FewShotEvaluator:
   datasets = fewshot_datasets(cfg.datasets, cfg.data_dir, cfg.train_split, cfg.test_split,
-                              run.data.image_size, run.batch_size, run.sharding,
-                              run.preprocessing)
-  watched = {name: (lambda train=train: run.watch(train()), lambda test=test: run.watch(test()),
-                    classes) for name, (train, test, classes) in datasets.items()}
-  return FewShotEvaluator(representation_fn(run.model), watched, cfg.shots, cfg.seeds, cfg.l2)
+                              context.data.image_size, context.batch_size, context.sharding,
+                              context.preprocessing)
+  watched = {name: (lambda train=train: context.watch(train()),
+                    lambda test=test: context.watch(test()), classes)
+             for name, (train, test, classes) in datasets.items()}
+  return FewShotEvaluator(representation_fn(context.model), watched, cfg.shots, cfg.seeds,
+                          cfg.l2)

@@ -3,9 +3,10 @@
 A type is a row of EVALUATORS (its module, and defaults of that module's fields that the row
 fixes) or the dotted path of a module of the user's. An evaluator module has:
 
-  default_config() -> ConfigDict     its own fields and their defaults;
-  create(cfg, run: Run) -> object    with `run(params) -> {metric: float}`;
-  validate(cfg, field) -> None       optional: raises ConfigError naming `{field}.{key}`.
+  default_config() -> ConfigDict               its own fields and their defaults;
+  create(cfg, context: EvalContext) -> object  with `evaluate(params) -> {metric: float}`;
+  validate(cfg, field) -> None                 optional: raises ConfigError naming
+                                               `{field}.{key}`.
 
 The run's own evaluation is the entry named `eval`: its metrics keep their names where the
 run returns them (accuracy, loss); every other entry's are prefixed by its name.
@@ -36,13 +37,13 @@ MAIN = "eval"  # The entry whose metrics are the run's own (unprefixed).
 
 
 class Evaluator(Protocol):
-  def run(self, params: Any) -> dict[str, float]:
+  def evaluate(self, params: Any) -> dict[str, float]:
     ...
 
 
 @dataclasses.dataclass(frozen=True)
-class Run:
-  """What a training run gives its evaluators."""
+class EvalContext:
+  """What a training run hands its evaluators."""
   model: models.VisionTransformer
   data: ml_collections.ConfigDict  # The run's config.data (dataset, splits, image size).
   loss: str
@@ -124,14 +125,19 @@ def validate(evals: Any) -> None:
       module.validate(c, field)
 
 
-def build(evals: ml_collections.ConfigDict, run: Run,
+def build(evals: ml_collections.ConfigDict, context: EvalContext,
           every_steps: int | None) -> dict[str, Scheduled]:
   """The evaluators of a validated config.evals, by name; `every_steps` is the cadence of
   those that set none (config.eval_every_steps)."""
   out = {}
   for name in evals.keys():
     module, c = _merged(evals[name], f"evals.{name}")
-    out[name] = Scheduled(module.create(c, run),
+    evaluator = module.create(c, context)
+    if not callable(getattr(evaluator, "evaluate", None)):
+      raise ValueError(f"config.evals.{name}: {module.__name__}.create() returned "
+                       f"{type(evaluator).__name__}, which has no evaluate(params) -> "
+                       "{metric: float}: give it that method (registry.py's contract)")
+    out[name] = Scheduled(evaluator,
                           c.every_steps if c.every_steps is not None else every_steps, c.at_end)
   return out
 

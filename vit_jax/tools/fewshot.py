@@ -94,7 +94,7 @@ def _probe(path: str, model_name: str | None, image_size: int | None, datasets: 
       l2_regs)
   rows = []
   for name in evaluator.datasets:
-    for r in jobs.attempt(f"{path} on {name}", lambda: evaluator.run_dataset(ckpt.params, name),
+    for r in jobs.attempt(f"{path} on {name}", lambda: evaluator.dataset_results(ckpt.params, name),
                           failures) or []:
       rows.append(dict(checkpoint=path, dataset=r.dataset, shots=r.shots, mean=r.mean,
                        std=r.std, l2=r.l2, accuracies=" ".join(f"{a:.4f}" for a in r.accuracies),

@@ -60,8 +60,9 @@ def _build_evaluators(setup: run_setup.RunSetup, dog: watchdog.StallWatchdog
                       ) -> dict[str, evaluators.Scheduled]:
   """config.evals' evaluators; each batch they read is a sign of life for the watchdog."""
   c = setup.config
-  context = evaluators.Run(setup.model, c.data, c.loss, setup.micro_batch, setup.batch_sharding,
-                           setup.description.preprocessing, dog.beating)
+  context = evaluators.EvalContext(setup.model, c.data, c.loss, setup.micro_batch,
+                                   setup.batch_sharding, setup.description.preprocessing,
+                                   dog.beating)
   return evaluators.build(c.evals, context, c.eval_every_steps)
 
 
@@ -114,9 +115,9 @@ class Report:
   `started`, then `step`, `logged`, `evaluating` and `evaluated` as the run goes. This one
   shows nothing."""
 
-  def started(self, run: RunInfo) -> None:
+  def started(self, info: RunInfo) -> None:
     """Before the first step, and before compiling it; a run already complete is evaluated
-    only (`run.start_step >= run.total_steps`)."""
+    only (`info.start_step >= info.total_steps`)."""
 
   def step(self, step: int) -> None:
     """After each train step's call (its work may still be running on the devices)."""
@@ -178,7 +179,7 @@ def _evaluate_params(due: dict[str, evaluators.Scheduled], params: Any, step: in
   out = {}
   for name, scheduled in due.items():
     with progress.timed(tag + name):
-      metrics = scheduled.evaluator.run(params)
+      metrics = scheduled.evaluator.evaluate(params)
     writer.write_scalars(step, {f"{tag}{name}_{k}": v for k, v in metrics.items()})
     out |= {tag + k: v for k, v in evaluators.metric_names(name, metrics).items()}
   return out
