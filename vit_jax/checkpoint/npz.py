@@ -27,10 +27,10 @@ from vit_jax.checkpoint import description as description_lib
 from vit_jax.checkpoint import patch_resize
 from vit_jax.checkpoint.errors import CheckpointError
 from vit_jax.models import posemb_resize, vit
+from vit_jax.models.vit import POSEMB_KEY  # noqa: F401 (the layouts' and loader's, from here)
 
 Params = Mapping[str, Any]
 
-POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 _NEW_TO_OLD_BLOCK_NAMES = {
     "LayerNorm_0": "LayerNorm_0",
     "MultiHeadDotProductAttention_0": "MultiHeadDotProductAttention_1",

@@ -15,7 +15,7 @@ import types
 
 import numpy as np
 
-POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
+from vit_jax.models.vit import POSEMB_KEY
 
 
 def import_torch() -> tuple[types.ModuleType, types.ModuleType]:

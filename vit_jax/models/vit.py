@@ -21,6 +21,9 @@ from vit_jax.models.posemb import AddPositionEmbs, posemb_sincos_2d
 
 CLASSIFIERS = ("token", "gap", "map")
 POSEMBS = ("learn", "sincos2d", "none")
+# The learned position embedding's '/'-joined name among the params (the encoder's
+# `posembed_input`), as the released .npz files and every layout converted to theirs hold it.
+POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 # Which of the query, key and value projections have a bias: all three, the query's and the
 # value's (EVA-02, DINOv3's `_qkvb` models: a key bias is a constant of each query's logits,
 # which the softmax cancels), or none (DINOv3).
