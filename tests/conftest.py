@@ -43,7 +43,7 @@ import shutil  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from helpers import DEBIAN_FASHION_MNIST, TINY_CONFIG_VIT, write_digits_folder  # noqa: E402
+from helpers import DEBIAN_FASHION_MNIST, TINY_CONFIG_VIT, tiny_config, write_digits_folder  # noqa: E402
 
 TESTS = pathlib.Path(__file__).parent
 # Each file's seconds in a whole run on two workers, for the order of the files (refresh with
@@ -119,6 +119,23 @@ def dataset(tmp_path_factory, worker_id) -> tuple[str, str]:
     fcntl.flock(lock, fcntl.LOCK_EX)  # The first worker prepares; the other finds it done.
     data.prepare_fashion_mnist(str(root / "tfds"))
   return "fashion_mnist", str(root / "tfds")
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_run(tmp_path_factory, worker_id, dataset) -> dict[str, float]:
+  """The final evaluation of tiny_config's run (12 steps, 8 devices), never interrupted: what
+  the launchers' interrupted runs must end with (test_e2e_recovery.py, test_gke.py). Trained
+  once for all the session's workers, as `dataset` is prepared."""
+  from vit_jax.train import loop
+  root = tmp_path_factory.getbasetemp()
+  root = root if worker_id == "master" else root.parent
+  result = root / "uninterrupted_run.json"
+  with open(root / "uninterrupted_run.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not result.exists():
+      metrics = loop.train_and_evaluate(tiny_config(dataset), str(root / "uninterrupted_run"))
+      result.write_text(json.dumps({k: float(v) for k, v in metrics.items()}))
+  return json.loads(result.read_text())
 
 
 @pytest.fixture(scope="session")

@@ -10,9 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import (TINY_CONFIG, launch, read_scalars, run_inspect, scripted_gcloud,
-                     tiny_config)
-from vit_jax.train import loop
+from helpers import TINY_CONFIG, launch, read_scalars, run_inspect, scripted_gcloud
 
 HISTORY = [
     {"states": ["WAITING_FOR_RESOURCES", "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"],
@@ -33,10 +31,9 @@ def _exit_status(folder, timeout_s: float = 120.0) -> str:
 
 
 @pytest.fixture(scope="module")
-def recovered(tmp_path_factory, dataset):
+def recovered(tmp_path_factory, dataset, uninterrupted_run):
   """The launcher's run through HISTORY, and an uninterrupted run's final evaluation."""
   root = tmp_path_factory.mktemp("recovery")
-  reference = loop.train_and_evaluate(tiny_config(dataset), str(root / "reference"))
   env, folder = scripted_gcloud(root)
   (folder / "history.json").write_text(json.dumps(HISTORY))
   workdir = root / "run"
@@ -46,7 +43,7 @@ def recovered(tmp_path_factory, dataset):
       "--config", TINY_CONFIG, "--workdir", str(workdir), "--no-preflight", "--",
       f"--config.data.name={dataset[0]}", f"--config.data.data_dir={dataset[1]}",
       env=env, timeout=400)
-  return result, workdir, folder, reference
+  return result, workdir, folder, uninterrupted_run
 
 
 @pytest.mark.slow

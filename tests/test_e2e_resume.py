@@ -78,22 +78,23 @@ def test_a_damaged_step_is_set_aside_and_the_run_resumes_before_it(tmp_path, dat
   np.testing.assert_allclose([after[s] for s in after], [expected[s] for s in after], atol=1e-5)
 
 
-def test_a_changed_optimizer_or_batch_is_refused_naming_each_field(tmp_path, dataset):
-  loop.train_and_evaluate(tiny_config(dataset, total_steps=4), str(tmp_path))
-  changed = tiny_config(dataset, total_steps=8, batch_size=16,
+def test_a_changed_optimizer_or_batch_is_refused_naming_each_field(tmp_path, dataset, reference):
+  workdir = tmp_path / "run"
+  shutil.copytree(reference[0], workdir)
+  changed = tiny_config(dataset, total_steps=28, batch_size=16,
                         **{"optimizer.name": "sgd", "optimizer.lr": 0.1})
   with pytest.raises(checkpoint.CheckpointError) as e:
-    loop.train_and_evaluate(changed, str(tmp_path))
+    loop.train_and_evaluate(changed, str(workdir))
   message = str(e.value)
   for line in ("trajectory.batch_size: checkpoint 32, config 16",
                "trajectory.optimizer.name: checkpoint 'adamw', config 'sgd'",
                "trajectory.optimizer.lr: checkpoint 0.003, config 0.1",
-               "trajectory.total_steps: checkpoint 4, config 8"):
+               "trajectory.total_steps: checkpoint 24, config 28"):
     assert line in message
   assert "new --workdir" in message and "--config.allow_resume_changes=True" in message
   changed.allow_resume_changes = True
-  metrics = loop.train_and_evaluate(changed, str(tmp_path))
-  assert metrics["num_examples"] == 256 and steps_in(tmp_path)[-1] == 8
+  metrics = loop.train_and_evaluate(changed, str(workdir))
+  assert metrics["num_examples"] == 256 and steps_in(workdir)[-1] == 28
 
 
 def test_rerunning_a_finished_run_reports_its_result(tmp_path, dataset, reference):
@@ -171,13 +172,15 @@ def test_random_kills_and_damage_lose_nothing(tmp_path, dataset):
         f"newest checkpoint lost per interruption (steps): {lost}")
 
 
-def test_workdir_of_another_model_refuses_to_resume(tmp_path, dataset):
-  loop.train_and_evaluate(tiny_config(dataset, total_steps=4), str(tmp_path))
-  other = tiny_config(dataset, total_steps=4, **{"model.hidden_size": 48})
+def test_workdir_of_another_model_refuses_to_resume(tmp_path, dataset, reference):
+  workdir = tmp_path / "run"
+  shutil.copytree(reference[0], workdir)
+  other = tiny_config(dataset, total_steps=24, **{"model.hidden_size": 48})
   with pytest.raises(ValueError, match=r"different model.*\n  model.hidden_size: checkpoint 32, "
                      r"config 48\nUse a new --workdir"):
-    loop.train_and_evaluate(other, str(tmp_path))
+    loop.train_and_evaluate(other, str(workdir))
   # Even with the opt-in for other changes: the state would not fit.
   other.allow_resume_changes = True
   with pytest.raises(ValueError, match="different model"):
-    loop.train_and_evaluate(other, str(tmp_path))
+    loop.train_and_evaluate(other, str(workdir))
+  assert steps_in(workdir) == [16, 20, 24]  # Nothing written over.

@@ -74,32 +74,14 @@ def stalling_run(workdir, dataset, *flags) -> subprocess.Popen:
                           stderr=subprocess.PIPE, text=True)
 
 
-def assert_resumes(workdir, dataset):
-  resumed = run_cli(cli(workdir, dataset, "--config.total_steps=12"))
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert "at step 4" in resumed.stderr and "Final evaluation" in resumed.stdout
-  assert sorted(read_scalars(workdir, "train_loss", newest_file_only=True)) == list(range(5, 13))
-
-
 @pytest.mark.slow
-def test_a_stalled_step_stops_the_run_with_a_message_and_it_resumes(tmp_path, dataset):
+def test_a_stall_stops_the_run_with_a_message_and_a_signal_during_one_ends_it_within_30s(
+    tmp_path, dataset):
+  """Three runs side by side (their waits overlap), each stalled at step STALL_AT: one stopped
+  by config.stall_timeout_s, one by SIGTERM and one by Ctrl-C (SIGINT) during the stall. The
+  resume from step 4 is the SIGTERM case above."""
   t0 = time.time()
-  proc = stalling_run(tmp_path, dataset, "--config.stall_timeout_s=5")
-  _, stderr = proc.communicate(timeout=300)
-  assert proc.returncode == 1, stderr[-3000:]
-  message = [line for line in stderr.splitlines() if line.startswith("error: ")]
-  assert len(message) == 1, stderr[-3000:]
-  assert f"stalled at step {STALL_AT}" in message[0]
-  assert "no step has ended for" in message[0] and "config.stall_timeout_s" in message[0]
-  assert "last saved checkpoint is step 4" in message[0]
-  # The command to resume: this process's own command line.
-  assert "rerun the same command" in message[0] and "stalling_main.py 7 --config" in message[0]
-  assert time.time() - t0 < 120  # The resume from step 4: the SIGTERM case below.
-
-
-@pytest.mark.slow
-def test_a_signal_during_a_stall_ends_the_run_within_30s(tmp_path, dataset):
-  """SIGTERM and Ctrl-C (SIGINT), each to a run of its own, the two runs side by side."""
+  timed_out = stalling_run(tmp_path / "timeout", dataset, "--config.stall_timeout_s=5")
   signals = (signal.SIGTERM, signal.SIGINT)
   procs = {sig: stalling_run(tmp_path / sig.name, dataset) for sig in signals}  # Bound: minutes.
   deadline = time.time() + 240
@@ -117,7 +99,18 @@ def test_a_signal_during_a_stall_ends_the_run_within_30s(tmp_path, dataset):
     assert time.time() - sent[sig] < 30, sig.name
     assert proc.returncode == 1, stderr[-3000:]
     assert f"{sig.name} received" in stderr and "last saved checkpoint is step 4" in stderr
-  # What the stall test's resume starts from, untouched by the signals: step 4 alone, and no
-  # save half-written (that resume is checked above, on the same state).
+  # What a resume starts from, untouched by the signals: step 4 alone, and no save
+  # half-written.
   for sig in signals:
     assert sorted(p.name for p in (tmp_path / sig.name / "checkpoints").iterdir()) == ["4"]
+
+  _, stderr = timed_out.communicate(timeout=300)
+  assert timed_out.returncode == 1, stderr[-3000:]
+  message = [line for line in stderr.splitlines() if line.startswith("error: ")]
+  assert len(message) == 1, stderr[-3000:]
+  assert f"stalled at step {STALL_AT}" in message[0]
+  assert "no step has ended for" in message[0] and "config.stall_timeout_s" in message[0]
+  assert "last saved checkpoint is step 4" in message[0]
+  # The command to resume: this process's own command line.
+  assert "rerun the same command" in message[0] and "stalling_main.py 7 --config" in message[0]
+  assert time.time() - t0 < 240

@@ -15,8 +15,7 @@ import pytest
 import yaml
 
 import fake_kubectl
-from helpers import (REPO, TINY_CONFIG, cpu_env, launch, needs_libtpu, read_scalars, run_inspect,
-                     tiny_config)
+from helpers import REPO, TINY_CONFIG, cpu_env, launch, needs_libtpu, read_scalars, run_inspect
 from launch import accelerators, gke
 
 CLUSTER = ["--name", "vit", "--cluster", "c", "--location", "us-central1"]
@@ -328,19 +327,17 @@ HISTORY = [{"pending": 2, "then": {"at_step": 5, "event": "preempt", "signal": "
 
 
 @pytest.fixture(scope="module")
-def recovered(tmp_path_factory, dataset):
+def recovered(tmp_path_factory, dataset, uninterrupted_run):
   """A real tiny vit-train run through a Spot preemption and JobSet's restart; and a run never
-  interrupted."""
-  from vit_jax.train import loop
+  interrupted's final evaluation."""
   root = tmp_path_factory.mktemp("gke")
-  reference = loop.train_and_evaluate(tiny_config(dataset), str(root / "reference"))
   env, folder = scripted_cluster(root, HISTORY)
   workdir = root / "run"
   result = launch("gke.py", *up_args(
       "v5litepod-8", "--spot", "--poll-seconds", "0.5", "--", f"--config.data.name={dataset[0]}",
       f"--config.data.data_dir={dataset[1]}", workdir=str(workdir),
       config=str(REPO / "tests" / "tiny_config.py")), env=env, timeout=400)
-  return result, workdir, reference
+  return result, workdir, uninterrupted_run
 
 
 @pytest.mark.slow
