@@ -32,9 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import checkpoint, models
-from vit_jax.serving import onnx, runners, savedmodel, tflite
+from vit_jax.serving import formats, onnx, predictors, savedmodel, tflite
 
-FORMATS = ("jax", "savedmodel", "onnx", "tflite")
+CHOICES = ("jax", *formats.FORMATS)  # --formats
 PACKAGES = ("jax", "jaxlib", "tensorflow-cpu", "tensorflow", "onnxruntime", "tf2onnx",
             "ai-edge-litert")
 
@@ -96,12 +96,12 @@ def bench(args: argparse.Namespace, loaded: checkpoint.Loaded, tmp: str) -> list
   written = export(loaded, args.formats, tmp)
   rows, reference = [], None
   for fmt in args.formats:
-    runner = (runners.jax_runner(loaded) if fmt == "jax"
-              else runners.open_model(written[fmt][0]))
+    predictor = (predictors.jax_predictor(loaded) if fmt == "jax"
+                 else predictors.open_model(written[fmt][0]))
     _log(f"timing {fmt}")
-    logits = runner(images)
+    logits = predictor(images)
     reference = logits if reference is None else reference
-    step_s = median_call_s(lambda: runner(images), args.warmup, args.steps, args.repeats)
+    step_s = median_call_s(lambda: predictor(images), args.warmup, args.steps, args.repeats)
     rows.append({"format": fmt, "img_per_s": args.batch_size / step_s,
                  "ms_per_batch": 1e3 * step_s,
                  "max_abs_logit_diff_vs_jax": float(np.abs(logits - reference).max()),
@@ -149,7 +149,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   p.add_argument("--num_classes", type=int, default=1000)
   p.add_argument("--num_layers", type=int, default=None, help="fewer layers, for a quick run")
   p.add_argument("--batch_size", type=int, default=8)
-  p.add_argument("--formats", default=",".join(FORMATS))
+  p.add_argument("--formats", default="jax,savedmodel,onnx,tflite")
   p.add_argument("--warmup", type=int, default=2)
   p.add_argument("--steps", type=int, default=5)
   p.add_argument("--repeats", type=int, default=3)
@@ -159,9 +159,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   p.add_argument("--perturb", type=float, default=0.0, help="std of noise added to every param")
   args = p.parse_args(argv)
   args.formats = ["jax"] + [f for f in args.formats.split(",") if f and f != "jax"]
-  unknown = set(args.formats) - set(FORMATS)
+  unknown = set(args.formats) - set(CHOICES)
   if unknown:
-    p.error(f"unknown --formats {sorted(unknown)}: choose from {', '.join(FORMATS)}")
+    p.error(f"unknown --formats {sorted(unknown)}: choose from {', '.join(CHOICES)}")
   return args
 
 

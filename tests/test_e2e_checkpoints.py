@@ -18,7 +18,7 @@ from helpers import (TOLERANCE, adapted_params, assert_finetuning_loads_the_file
                      run_cli, run_inspect, tiny_config, tiny_serving_checkpoint)
 from vit_jax import checkpoint, models
 from vit_jax.models import lora
-from vit_jax.serving import convert, images, runners
+from vit_jax.serving import convert, images, predictors
 from vit_jax.train import loop
 
 
@@ -75,7 +75,7 @@ def test_a_training_run_exports_from_its_workdir_and_step_dir(tmp_path, dataset,
     assert checked <= convert.TOLERANCE  # What it measured in the runtime, on its own images.
     assert loaded.model.name_in_registry == "ViT-Ti_16" and loaded.image_size == 28
     batch = np.stack([images.read_image(f, 28) for f in files])
-    diff = np.abs(runners.open_model(str(out))(batch) - jax_logits(loaded, batch)).max()
+    diff = np.abs(predictors.open_model(str(out))(batch) - jax_logits(loaded, batch)).max()
     assert diff <= TOLERANCE[fmt], (fmt, diff)
 
 
@@ -153,12 +153,12 @@ def test_export_cli_writes_each_format(tmp_path, digits_folder):
   assert f"Wrote {out} (onnx): custom ViT; 48px; 10 classes" in r.stdout
   assert re.search(r"\nChecked: run in its runtime, \S+ from JAX's logits \(max \|diff\| on 2 "
                    r"images\)\n", r.stdout), r.stdout
-  runner = runners.open_model(str(out))
-  assert runner.image_size == 48
+  predictor = predictors.open_model(str(out))
+  assert predictor.image_size == 48
   loaded = checkpoint.load(path, image_size=48)
   files = sorted(glob.glob(os.path.join(digits_folder, "test", "*", "*.png")))[:3]
   batch = np.stack([images.read_image(f, 48) for f in files])
-  assert np.abs(runner(batch) - jax_logits(loaded, batch)).max() <= TOLERANCE["onnx"]
+  assert np.abs(predictor(batch) - jax_logits(loaded, batch)).max() <= TOLERANCE["onnx"]
   r = run_cli([sys.executable, "-m", "vit_jax.tools.export", path, str(tmp_path / "x.npz"), "--model",
                "ViT-Ti_16"])
   assert r.returncode == 2 and "--model and --image_size apply to the serving formats" in r.stderr

@@ -17,7 +17,7 @@ from vit_jax.tools import predict
 from vit_jax.tools import inspect_checkpoint as inspect_cli
 from vit_jax.checkpoint import run
 from vit_jax.data import preprocess as pp
-from vit_jax.serving import convert, formats, runners
+from vit_jax.serving import convert, formats, predictors
 from vit_jax.train import loop, sharding
 
 
@@ -96,11 +96,11 @@ def test_exported_models_apply_the_value_range_the_run_was_trained_with(
     convert.export(workdir, out, fmt)
     assert formats.format_of(out) == fmt
     assert formats.describe(out) == loaded.description.replace(exported_from=loaded.source)
-    runner = runners.open_model(out)
-    assert runner.description.preprocessing.value_range == VALUE_RANGE
-    np.testing.assert_allclose(runner(uint8), want, atol=tolerance, rtol=0)
-    assert np.mean(runner(uint8).argmax(-1) == want.argmax(-1)) == 1.0
-  np.testing.assert_allclose(runners.jax_runner(loaded)(uint8), want, atol=1e-5, rtol=0)
+    predictor = predictors.open_model(out)
+    assert predictor.description.preprocessing.value_range == VALUE_RANGE
+    np.testing.assert_allclose(predictor(uint8), want, atol=tolerance, rtol=0)
+    assert np.mean(predictor(uint8).argmax(-1) == want.argmax(-1)) == 1.0
+  np.testing.assert_allclose(predictors.jax_predictor(loaded)(uint8), want, atol=1e-5, rtol=0)
   assert inspect_cli.main([str(tmp_path / "model.onnx")]) == 0
   out = capsys.readouterr().out
   assert "input          28 px RGB, resized; [0, 255] -> [0, 1]\n" in out

@@ -14,7 +14,7 @@ from PIL import Image
 from helpers import run_cli, tiny_serving_checkpoint
 from vit_jax import checkpoint
 from vit_jax.tools import predict
-from vit_jax.serving import convert, images, labels, runners
+from vit_jax.serving import convert, images, labels, predictors
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,7 @@ def test_predict_writes_top_k_and_lists_unreadable_images(model_npz, photo_dir, 
   # The rows hold the model's own top-3, in order, with softmax probabilities.
   loaded = checkpoint.load(model_npz)
   batch = np.stack([images.read_image(r["path"], loaded.image_size) for r in rows])
-  probs = labels.probabilities(runners.jax_runner(loaded)(batch))
+  probs = labels.probabilities(predictors.jax_predictor(loaded)(batch))
   for row, p in zip(rows, probs):
     top = np.argsort(-p)[:3]
     assert [row[f"label_{i + 1}"] for i in range(3)] == [f"digit {j}" for j in top]

@@ -15,7 +15,7 @@ import pytest
 
 from helpers import TINY_SERVING_MODELS, TOLERANCE, jax_logits, tiny_serving_checkpoint
 from vit_jax import checkpoint
-from vit_jax.serving import convert, formats, images, onnx, runners, savedmodel, tflite
+from vit_jax.serving import convert, formats, images, onnx, predictors, savedmodel, tflite
 
 
 @pytest.fixture(scope="module")
@@ -66,16 +66,17 @@ def test_the_tiny_models_hold_every_variant_of_the_exported_graph():
 @pytest.mark.parametrize("fmt", sorted(formats.FORMATS))
 def test_format_gives_jax_logits_on_real_images(exported, fmt):
   kind, loaded, paths, batch = exported
-  runner = runners.open_model(paths[fmt])
-  assert (runner.format, runner.image_size, runner.num_classes) == (fmt, loaded.image_size, 10)
+  predictor = predictors.open_model(paths[fmt])
+  assert (predictor.format, predictor.image_size, predictor.num_classes) == (
+      fmt, loaded.image_size, 10)
   for batch_size in (1, 7):
     want = jax_logits(loaded, batch[:batch_size])
     assert want.std() > 0.1  # Logits that differ by image and class, not a zero head.
-    got = runner(batch[:batch_size])
+    got = predictor(batch[:batch_size])
     assert got.shape == want.shape == (batch_size, 10)
     diff = np.abs(got - want).max()
     assert diff <= TOLERANCE[fmt], f"{kind} {fmt} batch {batch_size}: max |diff| {diff:.2e}"
-  np.testing.assert_allclose(runners.jax_runner(loaded)(batch), want, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(predictors.jax_predictor(loaded)(batch), want, atol=1e-5, rtol=0)
 
 
 def test_onnx_select_ignores_the_branch_not_taken(tmp_path):
@@ -122,11 +123,11 @@ def test_signatures_take_uint8_images_of_any_batch_and_give_logits_and_top5(expo
 
 def test_runner_names_the_input_it_takes(exported):
   _, loaded, paths, batch = exported
-  runner = runners.open_model(paths["onnx"])
+  predictor = predictors.open_model(paths["onnx"])
   with pytest.raises(ValueError, match=rf"takes uint8 images \(batch, {loaded.image_size}"):
-    runner(batch.astype(np.float32))
+    predictor(batch.astype(np.float32))
   with pytest.raises(ValueError, match="architecture and resolution are fixed"):
-    runners.open_model(paths["tflite"], image_size=64)
+    predictors.open_model(paths["tflite"], image_size=64)
 
 
 def test_onnx_segment_prod_leaves_out_negative_ids(tmp_path):
@@ -149,10 +150,10 @@ def test_onnx_segment_prod_leaves_out_negative_ids(tmp_path):
   assert target_shape(x).numpy().tolist() == [17, 32]
 
 
-def test_savedmodel_and_jax_runner_normalise_by_the_described_mean_and_std(tmp_path,
+def test_savedmodel_and_jax_predictor_normalise_by_the_described_mean_and_std(tmp_path,
                                                                           digits_folder):
   """A checkpoint from the Hub states mean and std (and bicubic resizing): the exported
-  signature and the JAX runner both give the logits of (uint8 / 255 - mean) / std."""
+  signature and the JAX predictor both give the logits of (uint8 / 255 - mean) / std."""
   mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
   plain = checkpoint.load(tiny_serving_checkpoint(tmp_path / "plain.npz", "plain"))
   pre = checkpoint.Preprocessing(mean=tuple(mean), std=tuple(std), interpolation="bicubic")
@@ -167,7 +168,7 @@ def test_savedmodel_and_jax_runner_normalise_by_the_described_mean_and_std(tmp_p
   want = np.asarray(loaded.model.apply({"params": loaded.params}, x, train=False))
   as_value_range = jax_logits(plain, batch)  # What [0, 255] -> [-1, 1] would give.
   assert np.abs(as_value_range - want).max() > 0.1
-  np.testing.assert_allclose(runners.jax_runner(loaded)(batch), want, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(predictors.jax_predictor(loaded)(batch), want, atol=1e-5, rtol=0)
   serve = savedmodel.serving_module(loaded, platforms=("cpu",)).serve
   np.testing.assert_allclose(serve(batch)["logits"].numpy(), want, atol=TOLERANCE["savedmodel"],
                              rtol=0)
@@ -207,12 +208,12 @@ def test_inspect_opens_each_format_and_refuses_a_truncated_one(export_kind, tmp_
 
 
 def test_every_format_of_the_table_keeps_the_contract_and_every_command_offers_it():
-  """formats.FORMATS drives conversion, running and vit-export's choices: each row's module
+  """formats.FORMATS drives conversion, prediction and vit-export's choices: each row's module
   has the four functions, tells only its own files, and is offered by every entry point."""
   import inspect as pyinspect
   from vit_jax.tools import export
   contract = {"holds": ["path"], "write": ["loaded", "out", "scratch", "kwargs"],
-              "read_description": ["path"], "runner": ["path", "num_threads"]}
+              "read_description": ["path"], "predictor": ["path", "num_threads"]}
   files = {"savedmodel": None, "tflite": "m.tflite", "onnx": "m.onnx"}
   assert sorted(files) == sorted(formats.FORMATS), "name a file of the new format here"
   for fmt in formats.FORMATS:
@@ -221,7 +222,7 @@ def test_every_format_of_the_table_keeps_the_contract_and_every_command_offers_i
       assert list(pyinspect.signature(getattr(module, name)).parameters) == params, (fmt, name)
     assert [f for f, name in files.items() if name and module.holds(name)] == (
         [fmt] if files[fmt] else [])
-    assert fmt in export.FORMATS and fmt in runners.FORMATS
+    assert fmt in export.CHOICES
 
 
 def test_export_replaces_a_file_only_where_it_wrote_it(export_kind, tmp_path):
@@ -264,7 +265,7 @@ def test_export_runs_what_it_wrote_and_removes_a_model_that_differs(export_kind,
   # The rest copies the module's files for `write`, and spoils what the runtime gives.
   monkeypatch.setattr(convert, "write", lambda loaded, out, fmt: (
       shutil.copytree if fmt == "savedmodel" else shutil.copy)(paths[fmt], out))
-  real_open = runners.open_model
+  real_open = predictors.open_model
   spoil = {"offset": lambda y: y + np.float32(0.25), "nan": lambda y: y * np.nan,
            "raises": lambda y: np.asarray(1 / 0)}
   for (fmt, how), said in zip(
@@ -272,9 +273,10 @@ def test_export_runs_what_it_wrote_and_removes_a_model_that_differs(export_kind,
       ["is 2.5e-01 from JAX's logits (max |diff|; tolerance ",
        "gives 20 NaN or inf logits of 20", "is 2.5e-01 from JAX's logits",
        "cannot be run in its runtime (ZeroDivisionError: division by zero)"]):
-    runner = real_open(paths[fmt])
-    monkeypatch.setattr(runners, "open_model", lambda path, runner=runner, how=how: (
-        dataclasses.replace(runner, run=lambda x: spoil[how](runner.run(x)))))
+    predictor = real_open(paths[fmt])
+    monkeypatch.setattr(predictors, "open_model", lambda path, predictor=predictor, how=how: (
+        dataclasses.replace(predictor,
+                            predict_fn=lambda x: spoil[how](predictor.predict_fn(x)))))
     out = tmp_path / ("saved" if fmt == "savedmodel" else f"spoilt.{fmt}")
     assert export.main([npz, str(out), "--format", fmt]) == 1, (fmt, how)
     captured = capsys.readouterr()

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from vit_jax import checkpoint
-from vit_jax.serving import formats, runners
+from vit_jax.serving import formats, predictors
 
 # How far an exported model's logits may be from JAX's, as a fraction of the logits' scale
 # (max(1, max |logit|)): float32 arithmetic in another order. Measured: <= 2.3e-5 (ViT-B/16 at
@@ -46,9 +46,9 @@ def check(loaded: checkpoint.Loaded, out: str, num_images: int = CHECK_IMAGES) -
   a difference over TOLERANCE of the logits' scale, a model its runtime cannot run)."""
   size, fmt = loaded.image_size, formats.format_of(out)
   images = np.random.default_rng(0).integers(0, 256, (num_images, size, size, 3), np.uint8)
-  want = runners.jax_runner(loaded)(images)
+  want = predictors.jax_predictor(loaded)(images)
   try:
-    got = runners.open_model(out)(images)
+    got = predictors.open_model(out)(images)
   except Exception as e:  # noqa: BLE001  Whatever the runtime raises, the file is no good.
     first = (str(e).strip().splitlines() or [""])[0][:300]
     raise Mismatch(f"the {fmt} model at {out} cannot be run in its runtime "

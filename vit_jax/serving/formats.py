@@ -1,15 +1,15 @@
 """The serving formats `vit-export` writes and every command opens, and what each holds.
 
 Each format is one module that owns its conversion, the checkpoint's description it carries
-and its runner, with this contract:
+and its runtime, with this contract:
   holds(path) -> bool                       whether `path` is a model in this format
   write(loaded, out, scratch, **kwargs)     `loaded` (a checkpoint.Loaded) written to `out`,
                                             its description in it; `scratch`: a folder for
                                             the formats it is converted through; `kwargs`
                                             go to savedmodel.serving_module (platforms)
   read_description(path) -> str | None      the description's JSON, None if it has none
-  runner(path, num_threads) -> Runner       its runtime, behind the Runner interface
-FORMATS names them: `vit-export --format`, `convert.write`, `runners.open_model` and
+  predictor(path, num_threads) -> Predictor its runtime, behind the Predictor interface
+FORMATS names them: `vit-export --format`, `convert.write`, `predictors.open_model` and
 `describe` read it, so that a new format is its module and a row here. The modules load
 their runtimes (TensorFlow, onnxruntime) only when used.
 """
@@ -57,13 +57,14 @@ def describe(path: str) -> Description:
 
 
 @dataclasses.dataclass
-class Runner:
-  """`run(uint8 images) -> logits` of one model in one format, its input size, and the
-  checkpoint's description (None for a model exported before descriptions)."""
+class Predictor:
+  """`predict_fn(uint8 images) -> logits` of one model in one format ("jax" or a row of
+  FORMATS), its input size, and the checkpoint's description (None for a model exported
+  before descriptions)."""
   format: str
   image_size: int
   num_classes: int
-  run: Callable[[np.ndarray], np.ndarray]
+  predict_fn: Callable[[np.ndarray], np.ndarray]
   source: str
   description: Description | None = None
 
@@ -71,11 +72,11 @@ class Runner:
     if images.dtype != np.uint8 or images.shape[1:] != (self.image_size, self.image_size, 3):
       raise ValueError(f"{self.source} takes uint8 images (batch, {self.image_size}, "
                        f"{self.image_size}, 3); got {images.dtype} {images.shape}.")
-    return np.asarray(self.run(images), np.float32)
+    return np.asarray(self.predict_fn(images), np.float32)
 
 
 def description_or_none(path: str) -> Description | None:
-  """What a runner reports: the description, or None for a model exported before them."""
+  """What a predictor reports: the description, or None for a model exported before them."""
   try:
     return describe(path)
   except ValueError:

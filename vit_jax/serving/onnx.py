@@ -151,13 +151,13 @@ def read_description(path: str) -> str | None:
   return next((p.value for p in model.metadata_props if p.key == formats.METADATA_NAME), None)
 
 
-def runner(path: str, num_threads: int | None = None) -> formats.Runner:
+def predictor(path: str, num_threads: int | None = None) -> formats.Predictor:
   opened = session(path, num_threads)
   shape = opened.get_inputs()[0].shape
   num_classes = next(o.shape[-1] for o in opened.get_outputs() if o.name == "logits")
-  run = lambda images: opened.run(["logits"], {savedmodel.INPUT: images})[0]  # noqa: E731
-  return formats.Runner("onnx", int(shape[1]), int(num_classes), run, path,
-                        formats.description_or_none(path))
+  predict_fn = lambda images: opened.run(["logits"], {savedmodel.INPUT: images})[0]  # noqa: E731
+  return formats.Predictor("onnx", int(shape[1]), int(num_classes), predict_fn, path,
+                           formats.description_or_none(path))
 
 
 def session(onnx_file: str, num_threads: int | None = None):

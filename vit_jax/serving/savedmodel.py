@@ -98,12 +98,12 @@ def load(saved_model_dir: str):
   return tf.saved_model.load(saved_model_dir).signatures[SIGNATURE]
 
 
-def runner(path: str, num_threads: int | None = None) -> formats.Runner:
+def predictor(path: str, num_threads: int | None = None) -> formats.Predictor:
   """TensorFlow's runtime (`num_threads`: left to TensorFlow)."""
   del num_threads
   serve = load(path)
   spec = serve.structured_input_signature[1][INPUT]
   num_classes = serve.structured_outputs["logits"].shape[-1]
-  run = lambda images: serve(**{INPUT: tf.constant(images)})["logits"].numpy()  # noqa: E731
-  return formats.Runner("savedmodel", spec.shape[1], num_classes, run, path,
-                        formats.description_or_none(path))
+  predict_fn = lambda images: serve(**{INPUT: tf.constant(images)})["logits"].numpy()  # noqa: E731
+  return formats.Predictor("savedmodel", spec.shape[1], num_classes, predict_fn, path,
+                           formats.description_or_none(path))

@@ -85,10 +85,10 @@ def signature_runner(model_path: str, num_threads: int | None = None):
   return interpreter(model_path, num_threads).get_signature_runner(savedmodel.SIGNATURE)
 
 
-def runner(path: str, num_threads: int | None = None) -> formats.Runner:
+def predictor(path: str, num_threads: int | None = None) -> formats.Predictor:
   serve = signature_runner(path, num_threads)
   shape = serve.get_input_details()[savedmodel.INPUT]["shape_signature"]
   num_classes = serve.get_output_details()["logits"]["shape_signature"][-1]
-  run = lambda images: serve(**{savedmodel.INPUT: images})["logits"]  # noqa: E731
-  return formats.Runner("tflite", int(shape[1]), int(num_classes), run, path,
-                        formats.description_or_none(path))
+  predict_fn = lambda images: serve(**{savedmodel.INPUT: images})["logits"]  # noqa: E731
+  return formats.Predictor("tflite", int(shape[1]), int(num_classes), predict_fn, path,
+                           formats.description_or_none(path))

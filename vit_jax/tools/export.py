@@ -36,7 +36,7 @@ from vit_jax.checkpoint import description
 from vit_jax.serving import formats
 from vit_jax.tools import cli, logs
 
-FORMATS = ("npz", "adapters", *formats.FORMATS)
+CHOICES = ("npz", "adapters", *formats.FORMATS)  # --format
 # What a SavedModel folder holds (TensorFlow's layout; the description in assets.extra): a
 # folder of anything else is a user's, not one to export into.
 SAVEDMODEL_ENTRIES = ("saved_model.pb", "fingerprint.pb", "variables", "assets", "assets.extra")
@@ -46,7 +46,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   parser = cli.parser("vit-export", __doc__)
   parser.add_argument("checkpoint")
   parser.add_argument("out")
-  parser.add_argument("--format", choices=FORMATS, default="npz")
+  parser.add_argument("--format", choices=CHOICES, default="npz")
   parser.add_argument("--model", default=None, help="registry name (checked against the file)")
   parser.add_argument("--image_size", type=int, default=None)
   cli.add_base_flag(parser)

@@ -41,7 +41,7 @@ from vit_jax import checkpoint  # noqa: E402
 with epy.lazy_imports():  # TensorFlow: started in main once the arguments are checked.
   from vit_jax.serving import images as image_files
   from vit_jax.serving import labels as label_lib
-  from vit_jax.serving import runners
+  from vit_jax.serving import predictors
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -103,46 +103,47 @@ def batches(paths: list[str], size: int, batch_size: int, unreadable: dict[str, 
                      f"none of the {len(paths)} images is readable ({first}; ...)")
 
 
-def predict(runner: runners.Runner, paths: list[str], names: list[str], k: int,
+def predict(predictor: predictors.Predictor, paths: list[str], names: list[str], k: int,
             sigmoid: bool, batch_size: int, out: str | None) -> dict[str, str]:
   """Writes a row per readable image to `out` (stdout if None), the header with the first;
   returns the unreadable paths, with why."""
   unreadable = {}
-  preprocessing = (runner.description.preprocessing if runner.description
+  preprocessing = (predictor.description.preprocessing if predictor.description
                    else checkpoint.Preprocessing())
   with contextlib.ExitStack() as stack:
     progress = stack.enter_context(tqdm.tqdm(
         total=len(paths), unit="img", file=sys.stderr, disable=None,  # None: on a terminal.
-        desc=f"{runner.format} {runner.image_size}px"))
+        desc=f"{predictor.format} {predictor.image_size}px"))
     writer = None
-    for done, batch in batches(paths, runner.image_size, batch_size, unreadable, progress,
+    for done, batch in batches(paths, predictor.image_size, batch_size, unreadable, progress,
                                preprocessing):
       if writer is None:  # Opened at the first readable image: a refused run writes nothing.
         writer = csv.writer(stack.enter_context(open(out, "w", newline="")) if out
                             else sys.stdout)
         writer.writerow(["path", *[f"{c}_{i}" for i in range(1, k + 1)
                                    for c in ("label", "prob")]])
-      if runner.format == "jax" and len(batch) < batch_size:  # One compiled shape.
+      if predictor.format == "jax" and len(batch) < batch_size:  # One compiled shape.
         batch = np.concatenate([batch, np.zeros((batch_size - len(batch), *batch.shape[1:]),
                                                 np.uint8)])
-      top = label_lib.top_k(runner(batch)[:len(done)], names, k, sigmoid)
+      top = label_lib.top_k(predictor(batch)[:len(done)], names, k, sigmoid)
       for path, row in zip(done, top):
         writer.writerow([path, *[x for name, p in row for x in (name, f"{p:.6f}")]])
   return unreadable
 
 
-def _names_and_output(runner: runners.Runner, args: argparse.Namespace) -> tuple[list[str], bool]:
+def _names_and_output(predictor: predictors.Predictor, args: argparse.Namespace
+                      ) -> tuple[list[str], bool]:
   """The class names and whether to use sigmoids: the checkpoint's description decides;
   --labels and --sigmoid fill in what it does not record and must agree with what it does."""
-  described = runner.description
+  described = predictor.description
   recorded_names = list(described.class_names) if described and described.class_names else None
-  names = label_lib.label_names(runner.num_classes, args.labels, recorded_names)
+  names = label_lib.label_names(predictor.num_classes, args.labels, recorded_names)
   if args.labels and recorded_names:
     checkpoint.check_option("the class names", "--labels", names, recorded_names,
-                            runner.source)
+                            predictor.source)
   output = described.output if described else None
   checkpoint.check_option("its output", "--sigmoid", "sigmoid" if args.sigmoid else None,
-                          output, runner.source)
+                          output, predictor.source)
   return names, args.sigmoid or output == "sigmoid"
 
 
@@ -166,21 +167,21 @@ def main(argv: list[str]) -> int:
         "reads)." if others else "."))
   load_kwargs = {k: v for k, v in (("model_name", args.model_name),
                                    ("image_size", args.image_size), ("base", args.base)) if v}
-  runner = runners.open_model(args.checkpoint, **load_kwargs)
-  if not runner.num_classes:  # DINOv2's and DINOv3's repos: the encoder alone.
+  predictor = predictors.open_model(args.checkpoint, **load_kwargs)
+  if not predictor.num_classes:  # DINOv2's and DINOv3's repos: the encoder alone.
     return cli.input_error(
         f"{args.checkpoint} has no classifier head (a feature extractor, as DINOv2's and "
         "DINOv3's repos are), so there are no classes to rank: probe its features with "
         "vit-fewshot, fine-tune a head on your classes with vit-transfer or vit-train "
         "--config.pretrained, or take them in Python: checkpoint.load(..., head=False)")
-  if runner.description and runner.description.model.get("head_bias") is False:
+  if predictor.description and predictor.description.model.get("head_bias") is False:
     return cli.input_error(
         f"{args.checkpoint}'s head has no bias: it is CLIP's projection to "
-        f"{runner.num_classes}-d image embeddings, not a classifier, so there are no classes "
+        f"{predictor.num_classes}-d image embeddings, not a classifier, so there are no classes "
         "to rank; its embeddings: checkpoint.load(...) in Python, or vit-fewshot for probes.")
-  names, sigmoid = _names_and_output(runner, args)
-  k = min(args.top_k, runner.num_classes)
-  unreadable = predict(runner, paths, names, k, sigmoid, args.batch_size, args.out)
+  names, sigmoid = _names_and_output(predictor, args)
+  k = min(args.top_k, predictor.num_classes)
+  unreadable = predict(predictor, paths, names, k, sigmoid, args.batch_size, args.out)
   print(f"Classified {len(paths) - len(unreadable)} of {len(paths) + len(others)} files"
         + (f" into {args.out}" if args.out else "") + f"; {len(unreadable)} unreadable, "
         f"{len(others)} not an image" + "".join(

@@ -13,12 +13,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from vit_jax import checkpoint
 from vit_jax.models import footprint
 from vit_jax.serving import formats
-from vit_jax.serving.formats import Runner
-
-FORMATS = ("jax", *formats.FORMATS)
+from vit_jax.serving.formats import Predictor
 
 
-def jax_runner(loaded: checkpoint.Loaded) -> Runner:
+def jax_predictor(loaded: checkpoint.Loaded) -> Predictor:
   """The checkpoint's model under jax.jit, with the serving signature's preprocessing."""
   scale, offset = (np.asarray(v, np.float32) for v in loaded.description.preprocessing.affine())
   model, devices = loaded.model, jax.local_devices()
@@ -32,7 +30,7 @@ def jax_runner(loaded: checkpoint.Loaded) -> Runner:
 
   free = footprint.available_bytes(devices[0])  # With the params in place.
 
-  def run(images):
+  def predict_fn(images):
     """In calls of as many images as the memory here holds (a ViT-L/14 at 518 px takes
     ~0.5 GB an image), each padded to split over the devices."""
     n = len(images)
@@ -47,12 +45,12 @@ def jax_runner(loaded: checkpoint.Loaded) -> Runner:
           chunk, NamedSharding(mesh, PartitionSpec("data")))))[:len(chunk) - pad])
     return np.concatenate(out)
 
-  return Runner("jax", loaded.image_size, model.num_classes, run, loaded.source,
-                loaded.description)
+  return Predictor("jax", loaded.image_size, model.num_classes, predict_fn, loaded.source,
+                   loaded.description)
 
 
-def open_model(path: str, num_threads: int | None = None, **load_kwargs) -> Runner:
-  """A Runner for an exported model (`num_threads`: its runtime's, where it takes one) or any
+def open_model(path: str, num_threads: int | None = None, **load_kwargs) -> Predictor:
+  """A Predictor for an exported model (`num_threads`: its runtime's, where it takes one) or any
   checkpoint (`load_kwargs` go to checkpoint.load)."""
   fmt = formats.format_of(path)
   if fmt is not None:
@@ -60,9 +58,9 @@ def open_model(path: str, num_threads: int | None = None, **load_kwargs) -> Runn
       raise ValueError(f"{path} is an exported {fmt} model: its architecture and resolution "
                        f"are fixed, so {sorted(load_kwargs)} cannot be applied.")
     try:
-      return formats.module(fmt).runner(path, num_threads)
+      return formats.module(fmt).predictor(path, num_threads)
     except Exception as e:  # Each runtime fails its own way on a damaged file.
       first = (str(e).strip().splitlines() or [""])[0][:300]
       raise ValueError(f"{path}: the exported {fmt} model cannot be opened, so it is truncated "
                        f"or damaged ({type(e).__name__}: {first}); export it again") from e
-  return jax_runner(checkpoint.load(path, **load_kwargs))
+  return jax_predictor(checkpoint.load(path, **load_kwargs))
