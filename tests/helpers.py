@@ -268,12 +268,12 @@ def parse_finetune_command(command: str, monkeypatch):
   """The config `vit-train` would build from `command`, validated."""
   from absl import flags
   from ml_collections import config_flags
-  from vit_jax.tools import train
+  from vit_jax.tools import train_flags
   from vit_jax.train import config as config_lib
   argv = shlex.split(command)
   assert argv[0] == "vit-train"
   monkeypatch.chdir(tempfile.gettempdir())  # The command runs from any working directory.
-  argv = train.resolve_config_flag(argv)  # As vit-train: a config's name to its file.
+  argv = train_flags.resolve_config_flag(argv)  # As vit-train: a config's name to its file.
   values = flags.FlagValues()
   config_flags.DEFINE_config_file("config", None, "", flag_values=values, sys_argv=argv)
   flags.DEFINE_string("workdir", None, "", flag_values=values)

@@ -7,7 +7,7 @@ import pytest
 
 from helpers import REPO
 from vit_jax import configs
-from vit_jax.tools import train
+from vit_jax.tools import train_flags
 from vit_jax.train import config as config_lib
 
 SHIPPED = ["augreg_pretrain", "finetune", "pretrain", "quickstart"]
@@ -67,19 +67,19 @@ def test_resolving_runs_nothing_of_the_file(tmp_path):
 def test_main_hands_absl_the_file_of_a_name(tmp_path):
   path = REPO / "vit_jax" / "configs" / "finetune.py"
   rest = ["--workdir", "w", "--config.batch_size=8"]
-  assert train.resolve_config_flag(["m", "--config", "finetune:b16,cifar10", *rest]) == [
+  assert train_flags.resolve_config_flag(["m", "--config", "finetune:b16,cifar10", *rest]) == [
       "m", "--config", f"{path}:b16,cifar10", *rest]
-  assert train.resolve_config_flag(["m", "--config=quickstart", *rest]) == [
+  assert train_flags.resolve_config_flag(["m", "--config=quickstart", *rest]) == [
       "m", f"--config={path.with_name('quickstart.py')}", *rest]
   (tmp_path / "echo.py").write_text(ARG_ECHO)
-  assert train.resolve_config_flag(["m", "--config", f"{tmp_path}/echo.py:x"]) == [
+  assert train_flags.resolve_config_flag(["m", "--config", f"{tmp_path}/echo.py:x"]) == [
       "m", "--config", f"{tmp_path}/echo.py:x"]
-  assert train.resolve_config_flag(["m", "--workdir", "w"]) == ["m", "--workdir", "w"]
+  assert train_flags.resolve_config_flag(["m", "--workdir", "w"]) == ["m", "--workdir", "w"]
 
 
 def test_main_fails_in_one_line_on_an_unknown_name(capsys):
   with pytest.raises(SystemExit) as exit_:
-    train.resolve_config_flag(["m", "--config", "finetun:b16", "--workdir", "w"])
+    train_flags.resolve_config_flag(["m", "--config", "finetun:b16", "--workdir", "w"])
   assert exit_.value.code == 2
   err = capsys.readouterr().err
   assert err.startswith("error: --config finetun:b16: vit_jax ships no config named 'finetun'.")

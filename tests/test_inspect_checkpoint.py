@@ -13,7 +13,7 @@ from PIL import Image
 
 from helpers import (REPO, assert_finetuning_loads_the_file, big_vision_layout, cpu_env,
                      new_flax_layout, random_params, run_inspect)
-from vit_jax import checkpoint, explore, models
+from vit_jax import checkpoint, explore, inspection, models
 from vit_jax.tools import inspect_checkpoint as inspect_cli
 
 
@@ -89,8 +89,8 @@ def test_every_npz_layout_gives_the_same_report(tiny, tmp_path, layout):
                "big_vision": lambda: big_vision_layout(flat, scanned=False),
                "big_vision_scanned": lambda: big_vision_layout(flat, scanned=True)}[layout]()
   np.savez(tmp_path / "c.npz", **converted)
-  report, _ = inspect_cli.report(str(tmp_path / "c.npz"))
-  original, _ = inspect_cli.report(tiny[0])
+  report, _ = inspection.report(str(tmp_path / "c.npz"))
+  original, _ = inspection.report(tiny[0])
   drop = ("checkpoint", "source", "finetune_command")
   assert {k: v for k, v in report.items() if k not in drop} == {
       k: v for k, v in original.items() if k not in drop}

@@ -18,7 +18,7 @@ LAYERS = (
     ("train",),
     ("configs",),  # The recipes: train's base config, filled in.
     ("transfer",),  # The paper's transfer protocol: runs of the finetune recipe.
-    ("explore",),  # Notebook and `inspect` support: what the analyses compute ...
+    ("explore", "inspection"),  # Notebook and `inspect` support: what the analyses compute ...
     ("figures",),  # ... and how they are drawn.
     ("tools",),  # The command lines: nothing below imports them.
     ("main",),  # `python -m vit_jax.main`, the official repository's command: vit-train.

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shlex
 import textwrap
 from typing import Any
 
@@ -35,10 +34,7 @@ from vit_jax.serving import formats
 with epy.lazy_imports():  # TensorFlow, for --figures and exported models only.
   from vit_jax import explore, figures
 with epy.lazy_imports():  # JAX and Flax, once the arguments are checked.
-  import jax
-
-  from vit_jax import goodput, models
-  from vit_jax.configs import finetune
+  from vit_jax import goodput, inspection
   from vit_jax.models import registry
 
 
@@ -50,83 +46,6 @@ ZERO_HEAD = (
     "checkpoint.load(..., head=False), vit-fewshot), or fine-tune it: "
     "fine-tuning starts a new zero-initialised head anyway. For ImageNet labels, take a "
     "fine-tuned file (imagenet21k+imagenet2012_*.npz, an AugReg ...--imagenet2012-... one).")
-
-
-def _registry_name(model: models.VisionTransformer) -> str | None:
-  """The registry name of the model's architecture, preferring one with its pooling."""
-  fields = registry.described_fields(model)
-  names = [n for n, c in registry.MODEL_CONFIGS.items()
-           if registry.architecture(c) == registry.architecture(fields)]
-  same_pooling = [n for n in names
-                  if registry.MODEL_CONFIGS[n].get("classifier", "token") == model.classifier]
-  return (same_pooling or names or [None])[0]
-
-
-def _flag_value(value: Any) -> str:
-  if isinstance(value, (tuple, list)):  # ml_collections parses a tuple literal.
-    return "(" + ",".join(map(str, value)) + ("," if len(value) == 1 else "") + ")"
-  return str(value)
-
-
-def finetune_command(ckpt: checkpoint.Loaded, path: str, dataset: str = "cifar10") -> str:
-  """`vit-train` with the finetune config on `dataset`, starting from `path`: the registry
-  model nearest the file, and overrides for every field that differs where the file does not
-  describe its model (a file that does gives it to the run)."""
-  model = ckpt.model
-  base = (_registry_name(model) or model.name_in_registry or
-          ("R50+ViT-B_16" if model.resnet_layers is not None else "ViT-B_16"))
-  overrides = {}
-  if "model" in ckpt.description.assumed:  # Else the run takes the model the file describes.
-    base_fields = models.model_config(base)
-    overrides = {f: getattr(model, f) for f in registry.SHAPE
-                 if getattr(model, f) != base_fields.get(f, registry.default(f))}
-  size = finetune.IMAGE_SIZE
-  if size % model.stride:  # Images must split into whole tokens.
-    size = max(1, round(size / model.stride)) * model.stride
-  args = ["vit-train", "--config",
-          f"finetune:{registry.short_name(base)},{dataset}",
-          "--workdir", "WORKDIR", f"--config.pretrained={path}"]
-  args += [f"--config.model.{k}={_flag_value(v)}" for k, v in overrides.items()]
-  if size != finetune.IMAGE_SIZE:
-    args.append(f"--config.data.image_size={size}")
-  return shlex.join(args)
-
-
-def _head(flat: dict[str, np.ndarray]) -> str:
-  if "head/kernel" not in flat:
-    return "none"
-  if np.any(flat["head/kernel"]):
-    return "trained"
-  return "zeros" if not np.any(flat.get("head/bias", 0)) else "zero kernel"
-
-
-def report(path: str, model_name: str | None = None, dataset: str = "cifar10",
-           base: str | None = None) -> tuple[dict[str, Any], checkpoint.Loaded]:
-  """The report on `path` (a JSON-ready dict) and the loaded checkpoint (`base`: a LoRA
-  adapters file's moved base)."""
-  opened = checkpoint.open_checkpoint(path, base)  # Read once: the report and the model.
-  flat, described, source = opened.flat, opened.description, opened.source
-  if model_name:
-    model_name = registry.resolve_name(model_name)
-  ckpt = checkpoint.from_opened(opened, model_name)
-  m = ckpt.model
-  head = _head(flat)
-  return {
-      "checkpoint": path, "source": source, "description": described.to_dict(),
-      "model": _registry_name(m),
-      "run_model_name": None if "model" in described.assumed else described.model_name,
-      "fields": registry.described_fields(m),
-      "patch_size": m.patch_size, "token_px": m.stride, "width": m.hidden_size,
-      "depth": m.num_layers, "heads": m.num_heads, "mlp_dim": m.mlp_dim,
-      "resnet_layers": m.resnet_layers, "pooling": m.classifier, "posemb": m.posemb,
-      "posemb_grid": list(ckpt.grid) if m.posemb == "learn" else None,
-      "image_size": ckpt.image_size, "pre_logits": m.representation_size,
-      "num_classes": m.num_classes,
-      "parameters": int(sum(np.size(x) for x in jax.tree.leaves(ckpt.params))),
-      "dtype": ", ".join(sorted({str(v.dtype) for v in flat.values()})),
-      "head": head, "head_all_zeros": head == "zeros" if head != "none" else None,
-      "finetune_command": finetune_command(ckpt, path, dataset),
-  }, ckpt
 
 
 def _model_line(r: dict[str, Any]) -> str:
@@ -289,11 +208,11 @@ def main(argv: list[str]) -> int:
   if formats.format_of(args.checkpoint):
     logs.start_tensorflow(datasets=False)
     with logs.native_logs():
-      from vit_jax.serving import predictors
-      predictor = predictors.open_model(args.checkpoint)  # Reported if its runtime opens it.
+      from vit_jax.serving import runners
+      runner = runners.open_model(args.checkpoint)  # Reported only if its runtime opens it.
     described = formats.describe(args.checkpoint).to_dict()
-    opened = {"format": predictor.format, "image_size": predictor.image_size,
-              "num_classes": predictor.num_classes}
+    opened = {"format": runner.format, "image_size": runner.image_size,
+              "num_classes": runner.num_classes}
     print(json.dumps({"checkpoint": args.checkpoint, "description": described,
                       "opened": opened}, indent=1)
           if args.json else format_description(args.checkpoint, described, opened))
@@ -302,7 +221,7 @@ def main(argv: list[str]) -> int:
     logs.start_tensorflow()
     cli.check_owned("--figures", args.figures, set(figures.FILES.values()).__contains__,
                     ", ".join(figures.FILES.values()))
-  found, ckpt = report(args.checkpoint, args.model, args.dataset, args.base)
+  found, ckpt = inspection.report(args.checkpoint, args.model, args.dataset, args.base)
   summary = goodput.summarize(goodput.read(args.checkpoint))
   if summary is not None:  # A training run's workdir, with the record of its attempts.
     found["goodput"] = dataclasses.asdict(summary)

@@ -167,60 +167,6 @@ def launch(args: argparse.Namespace, task_names: list[str]) -> int:
   return done.returncode
 
 
-def check_splits(task_list: list, settings: "protocol.Settings") -> None:
-  """Refuses a task that the protocol cannot run, before any run (each would fail alike), in
-  vit-transfer's terms: an image folder whose class folders differ or are too few, or a split
-  of the protocol (the grid's minitrain and minival, train, test) that holds no example, of a
-  folder or of a prepared TFDS dataset (its sizes from the builder's info: nothing read). A
-  TFDS dataset not prepared here is left to its task's run, which names it if it fails."""
-  from vit_jax import data
-  from vit_jax.data import sources
-  from vit_jax.transfer import protocol
-  for task in task_list:
-    selecting = len(protocol.lr_grid(task, settings)) > 1
-    splits = ([task.minitrain, task.minival] if selecting else []) + [task.train, task.test]
-    try:
-      if task.suite == "custom" and sources.is_folder(task.tfds_name):
-        _check_folder(task.tfds_name, splits)
-      else:
-        _check_tfds(task.tfds_name, settings.data_dir, splits)
-    except data.DataOptionError as e:
-      cli.fail(e.worded(protocol.DATA_OPTIONS))
-    except ValueError as e:
-      fix = (" Give one rate (e.g. --lr_grid=0.01: no rate to choose, no minival split) or "
-             "a dataset with more examples." if selecting else "")
-      cli.fail(f"--suite {task.name}: the protocol's {e}{fix}")
-
-
-def _check_folder(root: str, splits: list[str]) -> None:
-  from vit_jax.data import sources
-  source = sources.FolderSource(root, "fail")
-  names = source.class_names
-  if len(names) < 2:
-    cli.fail(f"--suite {root}: {len(names)} class folder(s) ({', '.join(names) or 'none'}): "
-             "a classifier needs two or more")
-  for split in splits:
-    source.meta(split)
-
-
-def _check_tfds(name: str, data_dir: str | None, splits: list[str]) -> None:
-  import tensorflow_datasets as tfds
-  builder = tfds.builder(name, data_dir=data_dir)
-  if not builder.is_prepared():
-    return
-  sizes = builder.info.splits
-  for split in splits:
-    whole = split.split("[")[0]
-    try:
-      n = sizes[split].num_examples
-    except ValueError:  # TFDS reads no slice that reaches past its split's end.
-      raise ValueError(f"split {split!r} of {name} reaches past the end of {whole!r}, which "
-                       f"has {sizes[whole].num_examples} examples.") from None
-    if not n:
-      raise ValueError(f"split {split!r} of {name} is empty: {whole!r} has "
-                       f"{sizes[whole].num_examples} examples.")
-
-
 def owned(name: str) -> bool:
   """Whether an entry of --out_dir is one a sweep writes: the report's files, a checkpoint's
   folder of task runs (protocol.task_dir)."""
@@ -246,7 +192,7 @@ def main(argv: list[str]) -> int:
   cpu_backend.prepare(args.cpu_devices)  # Before JAX starts.
   logs.start_tensorflow()
   from vit_jax.data import tasks
-  from vit_jax.transfer import report, sweep
+  from vit_jax.transfer import report, sweep, task_splits
   if args.list is not None:
     print_list(args.list, args.format)
     return 0
@@ -255,7 +201,7 @@ def main(argv: list[str]) -> int:
   else:
     settings = settings_of(args)
     task_list = tasks.resolve_or_custom(args.suite)
-    check_splits(task_list, settings)
+    task_splits.check(task_list, settings)
     if args.launch:
       return launch(args, [t.name for t in task_list])
     if args.dry_run:

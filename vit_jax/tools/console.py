@@ -1,0 +1,159 @@
+"""vit-train's console on process 0: a few lines (what is trained on what, a resume), then a
+progress bar (step, %, ETA, img/s, last loss and eval accuracy) where the stream is a terminal,
+else a plain line per log interval; at the end a summary: the final evaluation, time, where the
+checkpoint and TensorBoard logs are, the commands to run next."""
+import os
+import shutil
+import sys
+import time
+from typing import TYPE_CHECKING, TextIO
+
+import tqdm
+
+if TYPE_CHECKING:  # The library is imported once the flags are parsed.
+  from vit_jax.train import loop
+
+_STARTED = time.time()  # This module is imported with vit-train's: its start.
+
+
+def _duration(seconds: float) -> str:
+  s = int(round(seconds))
+  return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (
+      f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
+
+
+def _command(name: str) -> str:
+  """How to run another installed command: its name where PATH finds this installation's,
+  else its path beside vit-train (or beside this Python)."""
+  script = sys.argv[0] if os.path.basename(sys.argv[0]) == "vit-train" else sys.executable
+  path = os.path.join(os.path.dirname(script), name)
+  found = shutil.which(name)
+  if not os.path.exists(path) or (found and os.path.samefile(found, path)):
+    return name
+  return path
+
+
+def _eval_text(m: dict[str, float]) -> str:
+  shown = {"accuracy": "accuracy {:.2%}", "top5_accuracy": "top-5 {:.2%}", "loss": "loss {:.4f}"}
+  parts = [f.format(m[k]) for k, f in shown.items() if k in m]
+  parts += [f"{k} {v:.4f}" for k, v in sorted(m.items()) if k not in {*shown, "num_examples"}]
+  images = f" ({m['num_examples']:,.0f} images)" if "num_examples" in m else ""
+  return ", ".join(parts) + images
+
+
+class Console:
+  """vit-train's own output on process 0, told by the loop (loop.Report's hooks): a few lines
+  and a progress bar on `stream` where it is a terminal, else a plain line per log interval;
+  `summary` at the end, on stdout."""
+
+  BAR = "{desc}{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
+
+  def __init__(self, stream: TextIO, log_file: str):
+    self.stream, self.log_file, self.bar, self.run = stream, log_file, None, None
+    self.last: dict[str, float] = {}  # train_loss, img_per_sec, accuracy: the latest.
+    self.first, self.step_at, self.eval_s, self.eval_t0 = None, 0, 0.0, 0.0
+    self.train_s = 0.0  # First step's call to the latest log, evaluations left out.
+
+  def say(self, text: str) -> None:
+    with tqdm.tqdm.external_write_mode(file=self.stream):
+      print(text, file=self.stream, flush=True)
+
+  def started(self, run: "loop.RunInfo") -> None:
+    self.run, self.step_at = run, run.start_step
+    epochs = f" ({run.epochs:g} epochs)" if run.epochs else ""
+    self.say(f"Training {run.model_name} ({run.parameters:,} parameters) on {run.dataset} "
+             f"({run.num_classes} classes, {run.image_size} px): {run.total_steps:,} steps of "
+             f"{run.batch_size} images{epochs}, {run.devices} devices ({run.platform}).")
+    if run.trained_parameters < run.parameters:
+      self.say(run.trained_line.capitalize() + ".")
+    self.say(f"Workdir: {run.workdir} (checkpoints, TensorBoard events); library logs: "
+             f"{self.log_file}")
+    if run.start_step >= run.total_steps:
+      self.say(f"The run in {run.workdir} is already complete at step {run.start_step}: "
+               "evaluating its last checkpoint.")
+    elif run.start_step:
+      self.say(f"Resumed from {run.workdir} at step {run.start_step} of {run.total_steps}.")
+    elif run.pretrained:
+      self.say(f"Fine-tuning {run.pretrained}.")
+
+  def step(self, step: int) -> None:
+    self.step_at = step
+    if self.first is None:
+      self.first = (step - 1, time.time())
+      if self.stream.isatty():
+        self.bar = tqdm.tqdm(total=self.run.total_steps, initial=step - 1, file=self.stream,
+                             bar_format=self.BAR, dynamic_ncols=True)
+    if self.bar is not None:
+      self.bar.update(step - self.bar.n)
+
+  def _postfix(self) -> None:
+    parts = [f"{self.last['img_per_sec']:,.0f} img/s" if "img_per_sec" in self.last else "",
+             f"loss {self.last['train_loss']:.3f}" if "train_loss" in self.last else "",
+             f"accuracy {self.last['accuracy']:.2%}" if "accuracy" in self.last else ""]
+    self.bar.set_postfix_str(", ".join(p for p in parts if p))
+
+  def logged(self, step: int, metrics: dict[str, float]) -> None:
+    self.last |= metrics
+    self.train_s = time.time() - self.first[1] - self.eval_s
+    if self.bar is not None:
+      self._postfix()
+      return
+    done, total = step - self.first[0], self.run.total_steps
+    eta = self.train_s / max(done, 1) * (total - step)
+    self.say(f"step {step}/{total} ({step / total:.1%})  loss {metrics['train_loss']:.3f}  "
+             f"{metrics['img_per_sec']:,.0f} img/s  eta {_duration(eta)}")
+
+  def evaluating(self, step: int) -> None:
+    self.eval_t0 = time.time()
+    if self.bar is not None:
+      self.bar.set_description_str("evaluating ")
+
+  def evaluated(self, step: int, metrics: dict[str, float]) -> None:
+    self.eval_s += time.time() - self.eval_t0
+    if "accuracy" in metrics:
+      self.last["accuracy"] = metrics["accuracy"]
+    if self.bar is not None:
+      self.bar.set_description_str("")
+      self._postfix()
+    self.say(f"eval at step {step}: {_eval_text(metrics)}")
+
+  def close(self) -> None:
+    if self.bar is not None:
+      self.bar.close()
+      self.bar = None
+
+  def summary(self, metrics: dict[str, float]) -> None:
+    """The final evaluation, time, where the run's files are and what to run next."""
+    self.close()
+    r, lines = self.run, []
+    complete = r.start_step >= r.total_steps
+    if complete:
+      lines.append(f"The run in {r.workdir} was already complete at step {r.start_step}.")
+    if metrics and (complete or self.step_at >= r.total_steps):
+      lines.append("Final evaluation: " + ", ".join(f"{k}={v:.4f}"
+                                                    for k, v in sorted(metrics.items())))
+    if self.first is not None:
+      images = (self.step_at - self.first[0]) * r.batch_size
+      rate = f", {images / self.train_s:,.0f} img/s" if self.train_s > 0 else ""
+      lines.append(f"Trained steps {self.first[0] + 1}-{self.step_at} of {r.total_steps} in "
+                   f"{_duration(self.train_s)}{rate}; {_duration(time.time() - _STARTED)} in all.")
+    if self.step_at < r.total_steps:
+      lines.append(f"Stopped at step {self.step_at} of {r.total_steps}, saved: rerun the same "
+                   "command to resume.")
+    print("\n".join(lines + self._where()), flush=True)
+
+  def _where(self) -> list[str]:
+    r, w = self.run, self.run.workdir
+    data = f" --data_dir={r.data_dir}" if r.data_dir else ""
+    return [f"Checkpoint:  {r.checkpoints}/{self.step_at}",
+            f"TensorBoard: tensorboard --logdir {w}",
+            f"Log:         {self.log_file}",
+            "Next:",
+            f"  {_command('vit-inspect')} {w}    # what the checkpoint holds",
+            f"  {_command('vit-export')} {w} {w.rstrip('/')}.npz    # as a released-layout .npz",
+            f"  {_command('vit-fewshot')} {w} --datasets={r.dataset}{data}    # few-shot probes"]
+
+
+def default_stream() -> TextIO:
+  """Where vit-train's lines and bar go: stderr, or stdout where only that is a terminal."""
+  return sys.stdout if sys.stdout.isatty() and not sys.stderr.isatty() else sys.stderr
