@@ -3,7 +3,7 @@
   python benchmarks/checkpoint_checksums.py --model ViT-B_16
 
 Builds the model's AdamW train state (params and both moments) on this host's devices,
-then times `checkpoint.run.checksums` (the work added to every save and restore) and an
+then times `run.checksums` (the work added to every save and restore) and an
 orbax save of the same state, and prints both with their ratio.
 """
 import argparse
@@ -13,7 +13,8 @@ import time
 
 import jax
 
-from vit_jax import checkpoint, models
+from vit_jax import models
+from vit_jax.checkpoint import description, run
 from vit_jax.checkpoint import run
 from vit_jax.train import optimizers, sharding, trainer
 
@@ -43,7 +44,7 @@ def main() -> None:
     manager = run.make_manager(workdir, keep=1)
     steps = iter(range(1, 1000))
 
-    described = checkpoint.Description(model=models.model_config(args.model), image_size=224,
+    described = description.Description(model=models.model_config(args.model), image_size=224,
                                        num_classes=1000, model_name=args.model)
 
     def save():

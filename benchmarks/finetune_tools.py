@@ -32,8 +32,8 @@ VARIANTS = {
 
 
 def model_flags(pretrained: str) -> list[str]:
-  from vit_jax import checkpoint
-  described = checkpoint.describe(pretrained)
+  from vit_jax.checkpoint import loader, run as run_lib
+  described = loader.describe(pretrained)
   fields = {k: v for k, v in described.model.items() if v is not None and k in (
       "patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers", "classifier")}
   return ([f"--config.model.{k}={v}" for k, v in fields.items()]
@@ -42,20 +42,20 @@ def model_flags(pretrained: str) -> list[str]:
 
 def trainable(workdir: pathlib.Path, flags: list[str]) -> int:
   """The run's parameters that its optimizer updates (the unmerged ones, adapters included)."""
-  from vit_jax import checkpoint
+  from vit_jax.checkpoint import loader, run as run_lib
   from vit_jax.models import lora
   from vit_jax.train import optimizers
   frozen = next((ast.literal_eval(f.split("=", 1)[1]) for f in flags
                  if "optimizer.frozen" in f), ())
   trained_only = lora.TRAINED if any("lora.rank" in f for f in flags) else (".*",)
-  flat = checkpoint.read_params(checkpoint.latest_step_dir(workdir))[0]
+  flat = run_lib.read_params(run_lib.latest_step_dir(workdir))[0]
   return sum(v.size for k, v in flat.items() if optimizers.first_match(frozen, k) is None
              and optimizers.first_match(trained_only, k) is not None)
 
 
 def run(variant: str, flags: list[str], args, data: str) -> dict:
-  from vit_jax import checkpoint
-  last = checkpoint.describe(args.pretrained).model["num_layers"] - 1
+  from vit_jax.checkpoint import loader, run as run_lib
+  last = loader.describe(args.pretrained).model["num_layers"] - 1
   flags = [f.replace("{last}", str(last)) for f in flags]
   workdir = pathlib.Path(args.out_dir) / variant.split(":")[0].replace("=", "_")
   command = [sys.executable, "-m", "vit_jax.tools.train", "--config", "finetune:ti16," + data,

@@ -13,7 +13,8 @@ from nbclient.exceptions import CellExecutionError
 from helpers import REPO, run_notebook
 from helpers import TINY_CONFIG_VIT as TINY
 from helpers import tiny_params, write_repo
-from vit_jax import checkpoint, explore, figures, models
+from vit_jax import explore, figures, models
+from vit_jax.checkpoint import loader, npz
 from vit_jax.models import timm_models  # noqa: F401  (conftest: torch before TensorFlow)
 
 NOTEBOOK = REPO / "notebooks" / "explore_checkpoint.ipynb"
@@ -27,7 +28,7 @@ SUMMARIES = {"npz": ("ViT-Ti_16 from", "28px input, 4x4 patches of 7px", True),
 @pytest.fixture(scope="module")
 def tiny_npz(tmp_path_factory):
   path = tmp_path_factory.mktemp("ckpt") / "tiny.npz"
-  checkpoint.save_npz(str(path), tiny_params()[1])
+  npz.save_npz(str(path), tiny_params()[1])
   return path
 
 
@@ -73,7 +74,7 @@ def test_position_cell_of_a_model_without_a_position_embedding(capsys):
   cell = next(c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells
               if c.cell_type == "code" and "figures.position_similarity" in c.source)
   model = models.create_model("ViT-Ti_16", posemb="none", rope="dinov3")
-  namespace = dict(figures=figures, ckpt=checkpoint.Loaded.from_model(model, {}, 224, ""))
+  namespace = dict(figures=figures, ckpt=loader.Loaded.from_model(model, {}, 224, ""))
   exec(cell, namespace)
   assert namespace["similarity"] is None
   assert capsys.readouterr().out == ("No position embedding to compare (posemb='none', "
@@ -86,13 +87,13 @@ def test_explore_notebook_names_the_known_models(tiny_npz, monkeypatch):
 
 
 def test_posemb_similarity_of_a_checkpoint(tiny_npz):
-  ckpt = checkpoint.load(str(tiny_npz), "ViT-Ti_16", **TINY)
+  ckpt = loader.load(str(tiny_npz), "ViT-Ti_16", **TINY)
   learned = explore.position_embeddings(ckpt)
   stored = ckpt.params["Transformer"]["posembed_input"]["pos_embedding"][0, 1:]
   np.testing.assert_array_equal(learned.reshape(16, 32), stored)
   # Fixed sin-cos embeddings: nearer patches are more alike, as learned ones become.
   sincos = explore.posemb_similarity(explore.position_embeddings(
-      checkpoint.Loaded.from_model(models.create_model("ViT-Ti_16", posemb="sincos2d"), {}, 224,
+      loader.Loaded.from_model(models.create_model("ViT-Ti_16", posemb="sincos2d"), {}, 224,
                                    "")))
   assert sincos.shape == (14, 14, 14, 14)
   assert sincos[3, 3, 3, 3] > sincos[3, 3, 3, 4] > sincos[3, 3, 3, 8]

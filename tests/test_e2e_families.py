@@ -15,7 +15,8 @@ import pytest
 
 from helpers import (REPO, TINY_CONFIG_VIT, assert_finetuning_loads_the_file, needs_libtpu,
                      run_inspect, tiny_config, write_repo)
-from vit_jax import checkpoint, models
+from vit_jax import models
+from vit_jax.checkpoint import loader, npz
 from vit_jax.models import lora, timm_models  # noqa: F401  (conftest: torch before TensorFlow)
 from vit_jax.tools import transfer
 from vit_jax.train import loop
@@ -50,7 +51,7 @@ def write_family_repo(tmp_path, hub_cache, family: str) -> str:
 
 
 def flat(params) -> dict[str, np.ndarray]:
-  return {k: np.asarray(v) for k, v in checkpoint.flatten(params).items()}
+  return {k: np.asarray(v) for k, v in npz.flatten(params).items()}
 
 
 @pytest.mark.slow
@@ -58,7 +59,7 @@ def flat(params) -> dict[str, np.ndarray]:
 def test_fine_tuning_a_family_from_the_hub(family, tmp_path, hub_cache, dataset):
   spec = write_family_repo(tmp_path, hub_cache, family)
   _, size, with_lora = FAMILIES[family]
-  parent = checkpoint.describe(spec)
+  parent = loader.describe(spec)
   tuning = {"lora.rank": 2, "lora.targets": lora.TARGETS} if with_lora else {
       "optimizer.layer_decay": 0.75, "optimizer.frozen": (FROZEN,)}
   c = tiny_config(dataset, total_steps=3, checkpoint_every_steps=3, pretrained=spec,
@@ -67,14 +68,14 @@ def test_fine_tuning_a_family_from_the_hub(family, tmp_path, hub_cache, dataset)
   metrics = loop.train_and_evaluate(c, str(tmp_path / "ft"))
   assert np.isfinite(metrics["loss"])
 
-  run = checkpoint.load(str(tmp_path / "ft"))
+  run = loader.load(str(tmp_path / "ft"))
   d = run.description
   assert d.parent == spec and d.image_size == size and d.num_classes == 10
   for field in models.registry.fields_of(*SHARED):  # Shapes, layout, numerics: the repo's.
     default = models.registry.default(field)
     assert d.model.get(field, default) == parent.model.get(field, default), field
-  start, tuned = flat(checkpoint.load(spec, image_size=size).params), flat(run.params)
-  ema = flat(checkpoint.load("ema:" + str(tmp_path / "ft")).params)
+  start, tuned = flat(loader.load(spec, image_size=size).params), flat(run.params)
+  ema = flat(loader.load("ema:" + str(tmp_path / "ft")).params)
   assert set(ema) == set(tuned) and any(not np.array_equal(ema[k], tuned[k]) for k in tuned)
   body = [k for k in tuned if not k.startswith("head/")]
   assert set(body) <= set(start)
@@ -112,7 +113,7 @@ def test_vit_transfer_runs_the_protocol_from_a_hub_repo(tmp_path, hub_cache, dig
                         "--batch_size=32", "--steps=8", "--lr_grid=0.03"]) == 0
   [row] = list(csv.DictReader(open(out / "results.csv")))
   assert (row["checkpoint"], row["phase"], row["status"]) == (spec, "test", "ok")
-  run = checkpoint.describe(row["workdir"])
+  run = loader.describe(row["workdir"])
   assert (run.parent, run.model["rope"], run.model["num_registers"]) == (spec, "dinov3", 4)
 
 

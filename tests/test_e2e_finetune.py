@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from helpers import read_scalars, tiny_config
-from vit_jax import checkpoint, configs
+from vit_jax import configs
+from vit_jax.checkpoint import loader, npz as npz_lib, run
 from vit_jax.tools import fewshot
 from vit_jax.train import loop
 
@@ -26,8 +27,8 @@ def pretrained(tmp_path_factory, dataset):
   metrics = loop.train_and_evaluate(c, str(workdir))
   assert metrics["accuracy"] > 0.7
   npz = str(workdir / "pretrained.npz")
-  described = checkpoint.export_npz(str(workdir), npz)
-  assert described.model["hidden_size"] == 64 and checkpoint.describe(npz) == described
+  described = loader.export_npz(str(workdir), npz)
+  assert described.model["hidden_size"] == 64 and loader.describe(npz) == described
   return workdir, npz
 
 
@@ -51,8 +52,8 @@ def test_finetuning_beats_scratch_and_fewshot_rises_with_shots(tmp_path, pretrai
   data_dir = dataset[1]
 
   # The exported .npz loads back exactly.
-  flat, _ = checkpoint.read_params(checkpoint.latest_step_dir(workdir))
-  np.testing.assert_array_equal(checkpoint.load_npz_flat(npz)["embedding/kernel"],
+  flat, _ = run.read_params(run.latest_step_dir(workdir))
+  np.testing.assert_array_equal(npz_lib.load_npz_flat(npz)["embedding/kernel"],
                                 flat["embedding/kernel"])
 
   finetuned = loop.train_and_evaluate(finetune_config(data_dir, npz), str(tmp_path / "ft"))
@@ -62,7 +63,7 @@ def test_finetuning_beats_scratch_and_fewshot_rises_with_shots(tmp_path, pretrai
   assert len(read_scalars(tmp_path / "ft", "train_loss")) == 3
 
   out_dir = tmp_path / "sweep"
-  step_dir = str(checkpoint.latest_step_dir(workdir))
+  step_dir = str(run.latest_step_dir(workdir))
   # Fails alone: the sweep goes on, writes the others' results, and its status says a job failed.
   (tmp_path / "broken.npz").write_bytes(b"not a checkpoint")
   code = fewshot.main([npz, step_dir, str(tmp_path / "broken.npz"), "--datasets=fashion_mnist",

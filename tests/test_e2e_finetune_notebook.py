@@ -8,7 +8,7 @@ import pytest
 from nbclient.exceptions import CellExecutionError
 
 from helpers import REPO, run_notebook, tiny_config
-from vit_jax import checkpoint
+from vit_jax.checkpoint import loader, npz as npz_lib
 from vit_jax.train import loop
 
 
@@ -36,7 +36,7 @@ def pretrained_npz(dataset, tmp_path_factory):
                   **{f"model.{k}": v for k, v in TINY.items()}, **{"model.classifier": "gap"})
   loop.train_and_evaluate(c, str(workdir))
   npz = str(workdir / "pretrained.npz")
-  checkpoint.export_npz(str(workdir), npz)
+  loader.export_npz(str(workdir), npz)
   return npz
 
 
@@ -73,8 +73,8 @@ def test_finetune_notebook_runs_top_to_bottom(dataset, pretrained_npz, tmp_path,
   # The export holds the fine-tuned model: mean-pooled as the checkpoint (which the fine-tuning
   # config took from it), a 4x4 patch grid without a class token, the 10-class head.
   assert results["finetuned"] == str(out_dir / "finetuned.npz")
-  flat = checkpoint.load_npz_flat(results["finetuned"])
-  assert "cls" not in flat and flat[checkpoint.POSEMB_KEY].shape == (1, 16, 64)
+  flat = npz_lib.load_npz_flat(results["finetuned"])
+  assert "cls" not in flat and flat[npz_lib.POSEMB_KEY].shape == (1, 16, 64)
   assert flat["head/kernel"].shape == (64, 10)
 
 

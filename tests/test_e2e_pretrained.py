@@ -9,7 +9,7 @@ import pytest
 
 from helpers import AUGREG_TINY as TINY
 from helpers import SIZE, TI, timm_repo, tiny_config, write_repo
-from vit_jax import checkpoint
+from vit_jax.checkpoint import description, loader
 from vit_jax.tools import fewshot
 from vit_jax.train import loop
 
@@ -26,14 +26,14 @@ def test_fine_tuning_from_the_hub_takes_its_gelu_fc_norm_and_normalisation(tmp_p
   c = tiny_config(dataset, total_steps=2, pretrained="hf-hub:timm/gap", **{
       "data.image_size": SIZE, **{f"model.{k}": v for k, v in tiny_vit.items()}})
   loop.train_and_evaluate(c, str(tmp_path / "ft"))
-  d = checkpoint.describe(str(tmp_path / "ft"))
+  d = loader.describe(str(tmp_path / "ft"))
   assert (d.model["gelu"], d.model["fc_norm"], d.parent) == ("exact", True, "hf-hub:timm/gap")
   cfg = config["pretrained_cfg"]
   assert (d.preprocessing.mean, d.preprocessing.std) == (tuple(cfg["mean"]), tuple(cfg["std"]))
   # A config that says otherwise is refused, naming the field.
   c = tiny_config(dataset, pretrained="hf-hub:timm/gap", **{"model.gelu": "tanh"})
-  with pytest.raises(checkpoint.DescriptionMismatch, match="config.model.gelu 'tanh'"):
-    run_setup.inherit_model_fields(c, checkpoint.describe("hf-hub:timm/gap"))
+  with pytest.raises(description.DescriptionMismatch, match="config.model.gelu 'tanh'"):
+    run_setup.inherit_model_fields(c, loader.describe("hf-hub:timm/gap"))
 
 
 # Starting work from `augreg:`: fine-tune a few steps, few-shot sweep, through the entry points.

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from helpers import REPO, cli, cpu_env, read_scalars, run_cli, tiny_config
-from vit_jax import checkpoint
+from vit_jax.checkpoint import run
 from vit_jax.evaluators import registry
 from vit_jax.train import loop
 
@@ -44,7 +44,7 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_good_checkpoints(tmp_pat
   steps = [int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
   assert steps
   for step in steps:
-    flat, _ = checkpoint.read_params(tmp_path / "checkpoints" / str(step))
+    flat, _ = run.read_params(tmp_path / "checkpoints" / str(step))
     assert all(np.isfinite(x).all() for x in flat.values())
 
 

@@ -14,7 +14,8 @@ from PIL import Image
 
 from helpers import TINY_CONFIG_VIT as TINY
 from helpers import tiny_params
-from vit_jax import checkpoint, explore, figures, models
+from vit_jax import explore, figures, models
+from vit_jax.checkpoint import loader, npz
 
 
 def test_attention_weights_sum_to_one_per_query():
@@ -32,8 +33,8 @@ def test_attention_weights_sum_to_one_per_query():
 def test_rollout_rows_sum_to_one_and_maps_fill_the_grid(tmp_path, classifier, tokens):
   model, params = tiny_params(classifier=classifier)
   path = tmp_path / "ckpt.npz"
-  checkpoint.save_npz(str(path), params)
-  ckpt = checkpoint.load(str(path), "ViT-Ti_16", **TINY)
+  npz.save_npz(str(path), params)
+  ckpt = loader.load(str(path), "ViT-Ti_16", **TINY)
   assert ckpt.model.classifier == classifier and ckpt.grid == (4, 4)
   images = [np.full((28, 28, 1), 50, np.uint8), 255 * np.eye(28, dtype=np.uint8)[..., None]]
   batch = explore.preprocess(images, ckpt.image_size)
@@ -121,10 +122,10 @@ def test_position_embeddings_are_the_patches_and_a_model_without_them_says_so():
   model, params = tiny_params(classifier="gap", class_token=True)
   stored = np.asarray(params["Transformer"]["posembed_input"]["pos_embedding"])[0]
   assert stored.shape == (17, TINY["hidden_size"])
-  learned = explore.position_embeddings(checkpoint.Loaded.from_model(model, params, 28, ""))
+  learned = explore.position_embeddings(loader.Loaded.from_model(model, params, 28, ""))
   np.testing.assert_array_equal(learned.reshape(16, -1), stored[1:])
   model, params = tiny_params(posemb="none", rope="dinov3")  # DINOv3's.
-  rotary = checkpoint.Loaded.from_model(model, params, 28, "")
+  rotary = loader.Loaded.from_model(model, params, 28, "")
   with pytest.raises(ValueError, match="no position embedding .posemb='none', rope='dinov3'"):
     explore.position_embeddings(rotary)
   assert figures.position_similarity(rotary) is None
@@ -144,7 +145,7 @@ def test_figures_of_dinov3(tmp_path):
   (registers) and a rotary embedding, without a learned one: all but the position embedding's."""
   model, params = tiny_params(classifier="gap", class_token=True, num_registers=4,
                               posemb="none", rope="dinov3", layer_scale=True)
-  ckpt = checkpoint.Loaded.from_model(model, params, 28, "")
+  ckpt = loader.Loaded.from_model(model, params, 28, "")
   images = [np.full((28, 28, 1), 50, np.uint8), 255 * np.eye(28, dtype=np.uint8)[..., None]]
   paths, distances = figures.write(ckpt, str(tmp_path), explore.preprocess(images, 28))
   assert set(paths) == {"filters", "distance", "rollout"}

@@ -4,7 +4,8 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax import checkpoint, models
+from vit_jax import models
+from vit_jax.checkpoint import npz
 from vit_jax.checkpoint.layouts import timm_vit
 from vit_jax.models import features, timm_models
 
@@ -19,7 +20,7 @@ def pair():
   with torch.no_grad():
     for p in reference.parameters():
       p.add_(0.05 * torch.randn_like(p))
-  params = checkpoint.unflatten(timm_vit.to_npz(reference))
+  params = npz.unflatten(timm_vit.to_npz(reference))
   images = np.random.default_rng(0).uniform(-1, 1, (2, 224, 224, 3)).astype(np.float32)
   return reference, models.create_model("ViT-Ti_16", num_classes=10), params, images
 

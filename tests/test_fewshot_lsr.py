@@ -7,7 +7,7 @@ import scipy.linalg
 from PIL import Image
 
 from helpers import VALUE_RANGE, tiny_serving_checkpoint
-from vit_jax import checkpoint
+from vit_jax.checkpoint import description, loader
 from vit_jax.evaluators import fewshot_lsr
 from vit_jax.train import sharding
 
@@ -155,7 +155,7 @@ def test_fewshot_batches_are_preprocessed_as_the_checkpoint_was(dataset):
   for value_range in (VALUE_RANGE, (-1.0, 1.0)):
     batches, _ = fewshot_lsr.dataset_batches(
         *dataset, "test[:32]", 28, 32, sharding.batch_sharding(mesh),
-        checkpoint.Preprocessing(value_range))
+        description.Preprocessing(value_range))
     images = np.asarray(next(batches())["image"])
     assert (images.min(), images.max()) == pytest.approx(value_range, abs=0.01)
 
@@ -163,7 +163,7 @@ def test_fewshot_batches_are_preprocessed_as_the_checkpoint_was(dataset):
 def test_the_representations_read_the_output_tokens_as_the_dinov2_probe_does(tmp_path):
   """Class token first, registers after it, patches last: the patch mean leaves the class token
   and the registers out; a model without a class token refuses to give one."""
-  loaded = checkpoint.load(tiny_serving_checkpoint(tmp_path / "families.npz", "families"))
+  loaded = loader.load(tiny_serving_checkpoint(tmp_path / "families.npz", "families"))
   images = np.random.default_rng(0).uniform(-1, 1, (3, 32, 32, 3)).astype(np.float32)
   fn = lambda r: np.asarray(fewshot_lsr.representation_fn(loaded.model, r)(  # noqa: E731
       loaded.params, images))
@@ -176,7 +176,7 @@ def test_the_representations_read_the_output_tokens_as_the_dinov2_probe_does(tmp
   both = fn("class_token+patch_mean")
   assert both.shape == (3, 64)
   np.testing.assert_array_equal(both, np.concatenate([fn("class_token"), fn("patch_mean")], -1))
-  gap = checkpoint.load(tiny_serving_checkpoint(tmp_path / "plain.npz", "plain")).model.clone(
+  gap = loader.load(tiny_serving_checkpoint(tmp_path / "plain.npz", "plain")).model.clone(
       classifier="gap")
   with pytest.raises(ValueError, match="no class token; use patch_mean"):
     fewshot_lsr.representation_fn(gap, "class_token+patch_mean")

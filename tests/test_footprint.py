@@ -91,7 +91,7 @@ def test_the_training_count_bounds_xlas_within_3x(name, fields, size):
 def test_vit_transfer_accumulates_where_the_recipes_batch_does_not_fit(monkeypatch):
   """The recipe's 512 examples an update stay; a ViT-L/14 at 384 px takes them in micro-batches
   that fit (each split over the devices), a tiny model in one step (no override)."""
-  from vit_jax import checkpoint
+  from vit_jax.checkpoint import description
   from vit_jax.data import tasks
   from vit_jax.transfer import protocol
   big = models.create_model("ViT-L_16", num_classes=None, patch_size=14)
@@ -102,12 +102,12 @@ def test_vit_transfer_accumulates_where_the_recipes_batch_does_not_fit(monkeypat
   assert footprint.accum_steps_for(big, 384, 512, devices=2, free_bytes=0) == 256  # Most.
   monkeypatch.setattr(footprint, "available_bytes", lambda device=None: 64 * GiB)
   ft = protocol.FineTune("x.npz", tasks.TASKS["vtab1k/cifar100"], protocol.FINAL, 0.01, "/w")
-  described = checkpoint.Description(model=dict(patch_size=14, hidden_size=1024, mlp_dim=4096,
+  described = description.Description(model=dict(patch_size=14, hidden_size=1024, mlp_dim=4096,
                                                  num_heads=16, num_layers=24),
                                       image_size=224, num_classes=None)
   assert protocol.overrides(ft, protocol.Settings(), described)["accum_steps"] == (
       footprint.accum_steps_for(big, 384, 512, free_bytes=64 * GiB))
-  tiny = checkpoint.Description(model=dict(patch_size=16, hidden_size=16, mlp_dim=32,
+  tiny = description.Description(model=dict(patch_size=16, hidden_size=16, mlp_dim=32,
                                            num_heads=2, num_layers=1),
                                   image_size=224, num_classes=None)
   assert "accum_steps" not in protocol.overrides(ft, protocol.Settings(), tiny)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from helpers import REPO, SIZE, TIMM, cpu_env, perturbed, timm_repo, write_repo
-from vit_jax import checkpoint
+from vit_jax.checkpoint import loader
 from vit_jax.checkpoint import layouts
 from vit_jax.models import timm_models
 from vit_jax.tools import inspect_checkpoint as inspect_cli
@@ -52,12 +52,12 @@ def test_map_head_beside_a_class_token_is_refused(capsys, tmp_path, hub_cache, m
   assert_one_line_error(capsys, [str(folder)], "MAP head beside a class token")
 
 
-def assert_timm_repo_reads_as_timm(kind: str, tmp_path, hub_cache) -> checkpoint.Loaded:
+def assert_timm_repo_reads_as_timm(kind: str, tmp_path, hub_cache) -> loader.Loaded:
   """helpers.TIMM's `kind` saved by timm into the Hub cache gives timm's logits at its native
   size, and the description its config.json's; the loaded checkpoint."""
   model, folder, config = timm_repo(tmp_path, kind)
   write_repo(hub_cache, f"timm/{kind}", {f: folder / f for f in os.listdir(folder)})
-  loaded = checkpoint.load(f"hf-hub:timm/{kind}")
+  loaded = loader.load(f"hf-hub:timm/{kind}")
   x = images(loaded.image_size)
   ours = jax.jit(loaded.model.apply)({"params": loaded.params}, x)
   np.testing.assert_allclose(ours, timm_models.logits(model, x), atol=1e-4)
@@ -70,7 +70,7 @@ def assert_timm_repo_reads_as_timm(kind: str, tmp_path, hub_cache) -> checkpoint
   assert (pre.interpolation, pre.crop, pre.central_crop_fraction) == (
       cfg["interpolation"], "central_crop", cfg["crop_pct"])
   # A local folder of the same files reads the same.
-  again = checkpoint.load(str(folder))
+  again = loader.load(str(folder))
   np.testing.assert_array_equal(jax.jit(again.model.apply)({"params": again.params}, x), ours)
   return loaded
 
@@ -106,7 +106,7 @@ def test_transformers_layout_matches_transformers(repo, head, act, gelu, tmp_pat
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(config | {"hidden_act": "gelu"}))
   write_repo(hub_cache, repo, {f: folder / f for f in os.listdir(folder)})
-  loaded = checkpoint.load(f"hf-hub:{repo}")
+  loaded = loader.load(f"hf-hub:{repo}")
   x = images(SIZE)
   with torch.no_grad():
     out = model(pixel_values=torch.from_numpy(x.transpose(0, 3, 1, 2)))

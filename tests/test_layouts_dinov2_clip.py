@@ -11,7 +11,7 @@ import pytest
 
 from helpers import IMAGENET_MEAN, IMAGENET_STD, perturbed, write_repo
 from test_hub import assert_one_line_error
-from vit_jax import checkpoint
+from vit_jax.checkpoint import loader
 from vit_jax.models import timm_models
 
 # Heads of 64 channels, as timm's (its config.json names no head count).
@@ -73,7 +73,7 @@ def test_timm_dinov2_and_clip_match_timm_at_two_sizes(kind, tmp_path, hub_cache)
   model, folder, config = timm_repo(tmp_path, kind)
   native, other = TIMM[kind][4]
   write_repo(hub_cache, f"timm/{kind}", {f: folder / f for f in os.listdir(folder)})
-  loaded = checkpoint.load(f"hf-hub:timm/{kind}")
+  loaded = loader.load(f"hf-hub:timm/{kind}")
   d = loaded.description
   assert d.image_size == native and d.num_classes == 5
   assert (d.model["gelu"], d.model["layer_norm_eps"]) == TIMM[kind][5:]
@@ -84,7 +84,7 @@ def test_timm_dinov2_and_clip_match_timm_at_two_sizes(kind, tmp_path, hub_cache)
   assert d.preprocessing.mean == tuple(config["pretrained_cfg"]["mean"])
   # Loading at the other size: test_layouts_posemb.py, for every layout and resize path.
   for size, kw in ((native, {}), (other, dict(dynamic_image_size=True))):
-    run = checkpoint.load(f"hf-hub:timm/{kind}", **kw) if kw else loaded
+    run = loader.load(f"hf-hub:timm/{kind}", **kw) if kw else loaded
     x = images(size)
     ours = jax.jit(run.model.apply)({"params": run.params}, x)
     np.testing.assert_allclose(ours, timm_models.logits(model, x), atol=1e-6, err_msg=str(kw))
@@ -116,7 +116,7 @@ def test_transformers_dinov2_matches_transformers_at_two_sizes(swiglu, registers
   torch, _ = timm_models.import_torch()
   model, folder = dinov2_repo(tmp_path, swiglu, registers=registers)
   write_repo(hub_cache, "facebook/dinov2-tiny", {f: folder / f for f in os.listdir(folder)})
-  loaded = checkpoint.load("hf-hub:facebook/dinov2-tiny")
+  loaded = loader.load("hf-hub:facebook/dinov2-tiny")
   d = loaded.description
   assert d.image_size == 56 and d.num_classes is None  # The processor's crop.
   assert (d.model["gelu"], d.model["layer_norm_eps"], d.model["layer_scale"]) == (
@@ -127,7 +127,7 @@ def test_transformers_dinov2_matches_transformers_at_two_sizes(swiglu, registers
   assert (pre.mean, pre.std, pre.crop, pre.central_crop_fraction, pre.interpolation) == (
       IMAGENET_MEAN, IMAGENET_STD, "central_crop", 56 / 64, "bicubic")
   # 56 px: transformers resamples the 7x7 embedding to 4x4 in its forward pass.
-  for size, run in ((56, loaded), (98, checkpoint.load("hf-hub:facebook/dinov2-tiny",
+  for size, run in ((56, loaded), (98, loader.load("hf-hub:facebook/dinov2-tiny",
                                                         image_size=98))):
     x = images(size)
     with torch.no_grad():

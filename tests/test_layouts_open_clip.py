@@ -13,7 +13,7 @@ import pytest
 
 from helpers import perturbed, write_repo
 from test_hub import assert_one_line_error
-from vit_jax import checkpoint
+from vit_jax.checkpoint import loader
 
 SIZE, OTHER = 32, 48
 TEXT = dict(context_length=8, vocab_size=100, width=32, heads=2, layers=1)
@@ -50,7 +50,7 @@ def theirs(folder, x: np.ndarray) -> np.ndarray:
 
 
 def ours(spec: str, size: int):
-  loaded = checkpoint.load(spec, image_size=size)
+  loaded = loader.load(spec, image_size=size)
   x = np.random.RandomState(size).randn(2, size, size, 3).astype(np.float32)
   return x, np.asarray(jax.jit(loaded.model.apply)({"params": loaded.params}, x)), loaded
 
@@ -86,7 +86,7 @@ def test_image_tower_matches_open_clip_at_two_sizes(quick_gelu, vision, tmp_path
           pre.geometry) == ((0.5, 0.4, 0.3), (0.2, 0.25, 0.3), "central_crop", 1.0, "bicubic",
                             "torchvision")
   # The same files in a local folder read the same.
-  again = checkpoint.load(str(folder), image_size=OTHER)
+  again = loader.load(str(folder), image_size=OTHER)
   jax.tree.map(np.testing.assert_array_equal, again.params, loaded.params)
   assert again.description == loaded.description
 

@@ -3,10 +3,10 @@ resize (issue 58): random weights in tiny models, saved by each framework's own 
 offline Hub cache (the released .npz layouts: np.savez, as the official code and big_vision
 write them), then
 
-  described   checkpoint.load at the size the description gives (transformers' DINOv2: the
+  described   loader.load at the size the description gives (transformers' DINOv2: the
               processor's crop, not the embedding's grid)
-  load        checkpoint.load(image_size=...) at a smaller and a larger size
-  dynamic     checkpoint.load(dynamic_image_size=True), run at both sizes: the embedding is
+  load        loader.load(image_size=...) at a smaller and a larger size
+  dynamic     loader.load(dynamic_image_size=True), run at both sizes: the embedding is
               kept at its own grid and resampled once, in the forward pass
   finetune    the start of a fine-tuning run at both sizes (run_setup: the config's model
               fields from the description, load_pretrained)
@@ -33,7 +33,8 @@ import numpy as np
 import pytest
 
 from helpers import IMAGENET_MEAN, IMAGENET_STD, big_vision_layout, perturbed, write_repo
-from vit_jax import checkpoint, models
+from vit_jax import models
+from vit_jax.checkpoint import errors, loader, npz
 from vit_jax.models import timm_models
 from vit_jax.models.posemb import AddPositionEmbs
 
@@ -182,12 +183,12 @@ def released_row(root, cache, row: str) -> Framework:
   shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, NATIVE, NATIVE, 3)))
   rng = np.random.default_rng(0)
   flat = {k: rng.normal(0, 0.1, v.shape).astype(np.float32)
-          for k, v in checkpoint.flatten(shapes["params"]).items()}
+          for k, v in npz.flatten(shapes["params"]).items()}
   path = root / (row.split()[0] + ".npz")
   np.savez(path, **(big_vision_layout(flat, scanned=True) if row.startswith("big_vision")
                     else flat))
   side = NATIVE // PATCH
-  grid = flat[checkpoint.POSEMB_KEY][0, 1:].reshape(side, side, -1)
+  grid = flat[npz.POSEMB_KEY][0, 1:].reshape(side, side, -1)
 
   def embedding(size):  # The official code's and big_vision's resample_posemb.
     zoom = (size // PATCH) / side
@@ -239,10 +240,10 @@ def _grid(posemb: np.ndarray, size: int) -> np.ndarray:
 
 
 def _stored(params) -> np.ndarray | None:
-  return checkpoint.flatten(params).get(checkpoint.POSEMB_KEY)
+  return npz.flatten(params).get(npz.POSEMB_KEY)
 
 
-def _runtime_embedding(loaded: checkpoint.Loaded, size: int) -> np.ndarray:
+def _runtime_embedding(loaded: loader.Loaded, size: int) -> np.ndarray:
   """What the dynamic model adds at `size`: its AddPositionEmbs on the params it holds."""
   stored = jnp.asarray(_stored(loaded.params))
   prefix = int("cls" in loaded.params)
@@ -276,7 +277,7 @@ def _finetune_params(spec: str, size: int, **model_fields):
   c = config_lib.base_config()
   c.model_name, c.pretrained, c.data.image_size = "ViT-Ti_16", spec, size
   c.model.update(model_fields)
-  opened = checkpoint.open_checkpoint(spec)
+  opened = loader.open_checkpoint(spec)
   parent = opened.description
   if "model" in parent.assumed:  # A bare .npz: its architecture as vit-inspect prints it.
     c.model.update({k: v for k, v in parent.model.items() if k in models.registry.SHAPE})
@@ -293,19 +294,19 @@ _OUTPUT_SIZE = {"load": SIZES[0], "dynamic": SIZES[1]}
 def _measure(fw: Framework, path: str) -> list[tuple[int, float, float | None]]:
   """(size, embedding difference, output difference) of `path` at each size it resizes to."""
   if path == "described":  # A resize where the description's size is not the grid's.
-    loaded = checkpoint.load(fw.spec)
+    loaded = loader.load(fw.spec)
     assert loaded.image_size == fw.described
     return [(fw.described, *_compare(fw, _grid(_stored(loaded.params), fw.described)
                                      if fw.embedding else None,
                                      loaded if fw.described != NATIVE else None, fw.described))]
   rows = []
   if path == "dynamic":
-    loaded = checkpoint.load(fw.spec, dynamic_image_size=True)
+    loaded = loader.load(fw.spec, dynamic_image_size=True)
     if fw.embedding is not None:  # Kept at its own grid: one resample, at run time.
       assert _stored(loaded.params).shape[1] - ("cls" in loaded.params) == (NATIVE // PATCH)**2
   for size in SIZES:
     if path == "load":
-      loaded = checkpoint.load(fw.spec, image_size=size)
+      loaded = loader.load(fw.spec, image_size=size)
       embedding = fw.embedding and _grid(_stored(loaded.params), size)
     elif path == "dynamic":
       embedding = fw.embedding and _runtime_embedding(loaded, size)
@@ -334,11 +335,11 @@ def test_every_resize_path_is_the_frameworks(framework, path, request):
 def test_an_exported_npz_resizes_as_its_framework(framework, tmp_path):
   """vit-export's .npz of the checkpoint, fitted to a model at another size by npz.load_npz:
   the resize its description records (it was bilinear whatever the file said)."""
-  checkpoint.export_npz(framework.spec, str(tmp_path / "out.npz"))
-  loaded = checkpoint.load(framework.spec, image_size=SIZES[0])
+  loader.export_npz(framework.spec, str(tmp_path / "out.npz"))
+  loaded = loader.load(framework.spec, image_size=SIZES[0])
   target = jax.eval_shape(loaded.model.init, jax.random.key(0),
                           jnp.zeros((1, SIZES[0], SIZES[0], 3)))["params"]
-  params = checkpoint.load_npz(str(tmp_path / "out.npz"), target)
+  params = npz.load_npz(str(tmp_path / "out.npz"), target)
   np.testing.assert_allclose(_grid(_stored(params), SIZES[0]), framework.embedding(SIZES[0]),
                              atol=EMBEDDING_TOL)
 
@@ -349,7 +350,7 @@ def test_a_fine_tuning_config_interpolation_is_honoured(framework):
   import scipy.ndimage
   torch = _torch()
   side, size = NATIVE // PATCH, SIZES[1]
-  stored = _grid(_stored(checkpoint.load(framework.spec).params), NATIVE).reshape(side, side, -1)
+  stored = _grid(_stored(loader.load(framework.spec).params), NATIVE).reshape(side, side, -1)
   for method in ("bilinear", "bicubic_no_antialias"):
     got = _grid(_stored(_finetune_params(framework.spec, size, posemb_interpolation=method)),
                 size)
@@ -400,8 +401,8 @@ def test_a_config_that_disagrees_with_its_arrays_is_refused(framework, name, cha
   backup.write_bytes((snapshot / name).read_bytes())
   try:
     _rewrite(cache, repo, name, change)
-    with pytest.raises(checkpoint.CheckpointError) as refused:
-      checkpoint.describe(framework.spec)
+    with pytest.raises(errors.CheckpointError) as refused:
+      loader.describe(framework.spec)
     err = str(refused.value)
     assert "\n" not in err and all(w in err for w in ("not of one model", *words)), err
   finally:

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import perturbed, write_repo
 from test_hub import assert_one_line_error
-from vit_jax import checkpoint
+from vit_jax.checkpoint import loader
 from vit_jax.models import timm_models
 
 SIZE, OTHER = 32, 48
@@ -54,8 +54,8 @@ def theirs(model, x: np.ndarray) -> np.ndarray:
   return (out.image_embeds if hasattr(out, "image_embeds") else out.pooler_output).numpy()
 
 
-def ours(spec: str, size: int) -> tuple[np.ndarray, np.ndarray, checkpoint.Loaded]:
-  loaded = checkpoint.load(spec, image_size=size)
+def ours(spec: str, size: int) -> tuple[np.ndarray, np.ndarray, loader.Loaded]:
+  loaded = loader.load(spec, image_size=size)
   x = np.random.RandomState(size).randn(2, size, size, 3).astype(np.float32)
   return x, np.asarray(jax.jit(loaded.model.apply)({"params": loaded.params}, x)), loaded
 
@@ -111,7 +111,7 @@ def test_unknown_arrays_are_refused_by_name(capsys, tmp_path, hub_cache):
   for name, order in (("ids", np.arange(tokens)), ("reordered", np.arange(tokens)[::-1])):
     save_file(arrays | {ids: order[None].astype(np.int64)}, folder / "model.safetensors")
     write_repo(hub_cache, f"openai/{name}", {f: folder / f for f in os.listdir(folder)})
-  assert checkpoint.load("hf-hub:openai/ids").description.num_classes == 48
+  assert loader.load("hf-hub:openai/ids").description.num_classes == 48
   assert_one_line_error(capsys, ["hf-hub:openai/reordered"], "position_ids", "reorder")
 
 

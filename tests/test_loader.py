@@ -1,11 +1,12 @@
-"""checkpoint.load: any checkpoint path (.npz, workdir, step dir) to a model and its params (a
+"""loader.load: any checkpoint path (.npz, workdir, step dir) to a model and its params (a
 training run's workdir and step dir: test_e2e_checkpoints.py)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import checkpoint, models
+from vit_jax import models
+from vit_jax.checkpoint import errors, loader, npz
 
 
 TINY = dict(patch_size=7, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2)
@@ -18,32 +19,32 @@ def tiny(tmp_path_factory):
   params = model.init(jax.random.key(0), jnp.zeros((1, 28, 28, 3)))["params"]
   params["head"]["kernel"] = jax.random.normal(jax.random.key(1), params["head"]["kernel"].shape)
   path = tmp_path_factory.mktemp("ckpt") / "tiny.npz"
-  checkpoint.save_npz(str(path), params)
+  npz.save_npz(str(path), params)
   return str(path), params
 
 
 def test_a_named_model_is_checked_against_the_arrays(tiny):
   path, params = tiny
-  ckpt = checkpoint.load(path, "ViT-Ti_16", **TINY)
+  ckpt = loader.load(path, "ViT-Ti_16", **TINY)
   jax.tree.map(np.testing.assert_array_equal, ckpt.params, params)
   assert ckpt.image_size == 28 and ckpt.model.num_classes == 10
   assert ckpt.model.representation_size == 16  # Read from the file, not the name.
-  with pytest.raises(checkpoint.CheckpointError, match=r'as overrides: \{"patch_size": 7'):
-    checkpoint.load(path, "ViT-Ti_16")
+  with pytest.raises(errors.CheckpointError, match=r'as overrides: \{"patch_size": 7'):
+    loader.load(path, "ViT-Ti_16")
   with pytest.raises(ValueError, match="Unknown model 'ViT-Q_16'. Known models: ViT-Ti_16"):
-    checkpoint.load(path, "ViT-Q_16")
-  bigger = checkpoint.load(path, "ViT-Ti_16", image_size=42, **TINY)
+    loader.load(path, "ViT-Q_16")
+  bigger = loader.load(path, "ViT-Ti_16", image_size=42, **TINY)
   assert bigger.grid == (6, 6)
   assert bigger.params["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 37, 32)
 
 
 def test_without_a_name_the_architecture_is_read_off_the_arrays(tiny):
   path, params = tiny
-  ckpt = checkpoint.load(path)
+  ckpt = loader.load(path)
   assert ckpt.model.name_in_registry is None  # No registry model is this small.
   assert {k: getattr(ckpt.model, k) for k in TINY} == TINY
   jax.tree.map(np.testing.assert_array_equal, ckpt.params, params)
-  headless = checkpoint.load(path, head=False, image_size=14)
+  headless = loader.load(path, head=False, image_size=14)
   assert headless.model.num_classes is None and "head" not in headless.params
   images = np.random.default_rng(0).uniform(-1, 1, (2, 14, 14, 3)).astype(np.float32)
   assert headless.model.apply({"params": headless.params}, images).shape == (2, 16)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from helpers import IMAGES, TINY_CONFIG, TINY_VIT, adapted_params
-from vit_jax import checkpoint, configs, models
+from vit_jax import configs, models
+from vit_jax.checkpoint import loader, npz
 from vit_jax.config_errors import ConfigError
 from vit_jax.models import lora
 from vit_jax.train import config as config_lib, optimizers, sharding, trainer
@@ -21,7 +22,7 @@ LORA = dict(lora_rank=3, lora_alpha=6.0, lora_targets=lora.TARGETS)
 def test_an_adapted_model_computes_its_merged_kernels():
   model = models.create_model("ViT-Ti_16", num_classes=5, **TINY_VIT, **LORA)
   params = adapted_params(model)
-  flat = checkpoint.flatten(params)
+  flat = npz.flatten(params)
   assert sum(lora.is_adapter(k) for k in flat) == 2 * 6 * TINY_VIT["num_layers"]
   merged = lora.merge(flat, 6.0 / 3)
   assert not any(lora.is_adapter(k) for k in merged)
@@ -31,7 +32,7 @@ def test_an_adapted_model_computes_its_merged_kernels():
   np.testing.assert_allclose(merged[name + "kernel"],
                              flat[name + "kernel"] + 2.0 * (a @ b).reshape(2, 16, 32), rtol=1e-6)
   plain = models.create_model("ViT-Ti_16", num_classes=5, **TINY_VIT)
-  want = plain.apply({"params": checkpoint.unflatten(merged)}, IMAGES)
+  want = plain.apply({"params": npz.unflatten(merged)}, IMAGES)
   got = model.apply({"params": params}, IMAGES)
   assert np.abs(np.asarray(want)).max() > 0.1
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
@@ -41,7 +42,7 @@ def test_a_lora_checkpoint_merges_to_the_plain_vit():
   """`merged`, as the checkpoint readers apply it: adapters folded, the LoRA fields gone."""
   assert lora.FIELDS == models.registry.fields_of(models.Role.LORA)
   model = models.create_model("ViT-Ti_16", num_classes=5, **TINY_VIT, **LORA)
-  flat = checkpoint.flatten(adapted_params(model))
+  flat = npz.flatten(adapted_params(model))
   described = models.registry.described_fields(model)
   arrays, fields = lora.merged(flat, described | LORA)
   assert fields == described
@@ -54,14 +55,14 @@ def test_a_lora_checkpoint_merges_to_the_plain_vit():
 def test_new_adapters_change_nothing():
   """B starts at zero: the adapted model computes its base model's logits."""
   model = models.create_model("ViT-Ti_16", num_classes=5, **TINY_VIT, **LORA)
-  params = checkpoint.flatten(model.init(jax.random.key(0), IMAGES)["params"])
+  params = npz.flatten(model.init(jax.random.key(0), IMAGES)["params"])
   assert all(not np.any(v) for k, v in params.items() if k.endswith("lora_b"))
   assert all(np.std(v) > 0 for k, v in params.items() if k.endswith("lora_a"))
   base = {k: v for k, v in params.items() if not lora.is_adapter(k)}
   plain = models.create_model("ViT-Ti_16", num_classes=5, **TINY_VIT)
   np.testing.assert_array_equal(
-      np.asarray(model.apply({"params": checkpoint.unflatten(params)}, IMAGES)),
-      np.asarray(plain.apply({"params": checkpoint.unflatten(base)}, IMAGES)))
+      np.asarray(model.apply({"params": npz.unflatten(params)}, IMAGES)),
+      np.asarray(plain.apply({"params": npz.unflatten(base)}, IMAGES)))
 
 
 def test_only_the_adapters_and_the_head_train():
@@ -71,11 +72,11 @@ def test_only_the_adapters_and_the_head_train():
                                     trained_only=lora.TRAINED)
   state, shardings = trainer.init_state(model, tx, mesh, (32, 32, 3), jax.random.key(0))
   step = trainer.make_train_step(model, tx, "softmax_xent", shardings, mesh, jax.random.key(1))
-  before = checkpoint.flatten(jax.device_get(state.params))
+  before = npz.flatten(jax.device_get(state.params))
   batch = {"image": IMAGES, "label": np.arange(8, dtype=np.int32) % 5}
   for _ in range(2):  # After one step A has had no gradient yet (B was zero).
     state, _ = step(state, jax.device_put(batch, sharding.batch_sharding(mesh)))
-  after = checkpoint.flatten(jax.device_get(state.params))
+  after = npz.flatten(jax.device_get(state.params))
   trained = [k for k in before if any(re.fullmatch(p, k) for p in lora.TRAINED)]
   assert len(trained) == 2 * 6 * TINY_VIT["num_layers"] + 2  # Adapters, head kernel and bias.
   for name, value in before.items():
@@ -90,18 +91,18 @@ def test_only_the_adapters_and_the_head_train():
 def test_a_pretrained_checkpoint_gets_new_adapters(tmp_path):
   from vit_jax.train import run_setup
   plain = models.create_model("ViT-Ti_16", num_classes=5, **TINY_VIT)
-  base = checkpoint.flatten(adapted_params(plain))
-  checkpoint.save_npz(str(tmp_path / "base.npz"), checkpoint.unflatten(base))
+  base = npz.flatten(adapted_params(plain))
+  npz.save_npz(str(tmp_path / "base.npz"), npz.unflatten(base))
   model = models.create_model("ViT-Ti_16", num_classes=5, **TINY_VIT, **LORA)
-  opened = checkpoint.open_checkpoint(str(tmp_path / "base.npz"))
-  params = checkpoint.flatten(run_setup.load_pretrained(model, opened, jax.random.key(0),
+  opened = loader.open_checkpoint(str(tmp_path / "base.npz"))
+  params = npz.flatten(run_setup.load_pretrained(model, opened, jax.random.key(0),
                                                         (32, 32, 3)))
   assert set(params) - set(base) == {k for k in params if lora.is_adapter(k)}
   for name, value in base.items():
     np.testing.assert_array_equal(params[name], value, err_msg=name)
   np.testing.assert_array_equal(  # The adapted model starts as the checkpoint.
-      np.asarray(model.apply({"params": checkpoint.unflatten(params)}, IMAGES)),
-      np.asarray(plain.apply({"params": checkpoint.unflatten(base)}, IMAGES)))
+      np.asarray(model.apply({"params": npz.unflatten(params)}, IMAGES)),
+      np.asarray(plain.apply({"params": npz.unflatten(base)}, IMAGES)))
 
 
 @pytest.mark.parametrize("fields,message", [

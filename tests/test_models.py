@@ -165,7 +165,7 @@ def test_dropout_is_active_only_in_training():
 def test_each_field_declares_its_role_and_the_lists_of_fields_follow():
   """A field of the model is declared once, with its Role: the training config's model group,
   checkpoint descriptions and a run's resume metadata hold the fields of their roles."""
-  from vit_jax import checkpoint
+  from vit_jax.checkpoint import loader
   from vit_jax.train import config as config_lib, run_setup
   Role, of = models.Role, lambda *roles: set(models.registry.fields_of(*roles))
   fields = dataclasses.fields(models.VisionTransformer)
@@ -185,7 +185,7 @@ def test_each_field_declares_its_role_and_the_lists_of_fields_follow():
                                   Role.PRE_LOGITS, Role.INIT, Role.LORA)
   assert of(Role.REGULARISATION) <= set(meta["trajectory"])
   model = models.create_model("ViT-Ti_16", num_classes=10)
-  described = checkpoint.Loaded.from_model(model, {}, 224, "code").description
+  described = loader.Loaded.from_model(model, {}, 224, "code").description
   assert set(described.model) == of(Role.ARCHITECTURE, Role.LAYOUT, Role.COMPUTATION,
                                     Role.PRE_LOGITS)
 

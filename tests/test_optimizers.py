@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from helpers import TINY_VIT, random_like, tiny_config
-from vit_jax import checkpoint, models
+from vit_jax import models
+from vit_jax.checkpoint import errors, npz, run
 from vit_jax.config_errors import ConfigError
 from vit_jax.models import timm_models
 from vit_jax.train import optimizers
@@ -32,7 +33,7 @@ def opt_config(**fields):
 def one_update(cfg, params, grads):
   tx, _ = optimizers.make_optimizer(cfg, total_steps=10, warmup_steps=0)
   updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)  # Else op by op, per shape.
-  return checkpoint.flatten(updates)
+  return npz.flatten(updates)
 
 
 def timm_prefix(name: str) -> str:
@@ -76,7 +77,7 @@ def test_layer_decay_scales_are_timms(name, registers, fields):
   timm_decays = {names[id(p)]: g["weight_decay"] > 0 for g in groups for p in g["params"]}
 
   params = abstract_params(name, 224, num_registers=registers, **ours_fields)
-  decays = checkpoint.flatten(optimizers.decay_mask(params))
+  decays = npz.flatten(optimizers.decay_mask(params))
   ours = optimizers.update_scales(opt_config(layer_decay=0.75), list(decays))
   for our_name, scale in ours.items():
     matching = {n: s for n, s in timm_scale.items() if n.startswith(timm_prefix(our_name))}
@@ -121,7 +122,7 @@ def test_frozen_parameters_stay_and_hold_no_optimizer_state():
             "Transformer/encoderblock_0/.*")
   cfg = opt_config(frozen=frozen)
   tx, _ = optimizers.make_optimizer(cfg, total_steps=10, warmup_steps=0)
-  updates = checkpoint.flatten(jax.jit(tx.update)(grads, tx.init(params), params)[0])
+  updates = npz.flatten(jax.jit(tx.update)(grads, tx.init(params), params)[0])
   is_frozen = {n: any(re.fullmatch(p, n) for p in frozen) for n in updates}
   assert 0 < sum(is_frozen.values()) < len(is_frozen)
   for name, update in updates.items():
@@ -131,14 +132,14 @@ def test_frozen_parameters_stay_and_hold_no_optimizer_state():
   # The trained ones move as if the frozen ones were not there (clipping's norm included).
   def trained(tree):
     return {k: v for k, v in tree.items() if not is_frozen[k]}
-  expected = one_update(opt_config(), trained(checkpoint.flatten(params)),
-                        trained(checkpoint.flatten(grads)))
+  expected = one_update(opt_config(), trained(npz.flatten(params)),
+                        trained(npz.flatten(grads)))
   for name, update in trained(updates).items():
     np.testing.assert_allclose(update, expected[name], rtol=1e-6, err_msg=name)
 
   # AdamW's two moments exist for the trained parameters only.
   state_size = sum(x.size for x in jax.tree.leaves(tx.init(params)) if x.ndim)
-  trained_size = sum(v.size for v in trained(checkpoint.flatten(params)).values())
+  trained_size = sum(v.size for v in trained(npz.flatten(params)).values())
   assert state_size == 2 * trained_size
 
 
@@ -184,7 +185,7 @@ def test_a_checkpoint_from_before_these_fields_still_resumes(tmp_path, dataset):
   found = copy.deepcopy(wanted)
   for field in ("layer_decay", "lr_mults", "frozen"):
     del found["trajectory"]["optimizer"][field]
-  checkpoint.run.check_resumable(found, wanted, str(tmp_path))
+  run.check_resumable(found, wanted, str(tmp_path))
   c.optimizer.layer_decay = 0.75
-  with pytest.raises(checkpoint.CheckpointError, match="optimizer.layer_decay: checkpoint None"):
-    checkpoint.run.check_resumable(found, run_setup.run_meta(c, 10, 4, 2), str(tmp_path))
+  with pytest.raises(errors.CheckpointError, match="optimizer.layer_decay: checkpoint None"):
+    run.check_resumable(found, run_setup.run_meta(c, 10, 4, 2), str(tmp_path))

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from vit_jax import checkpoint, models
+from vit_jax import models
+from vit_jax.checkpoint import loader, npz
 from vit_jax.checkpoint import patch_resize
 
 
@@ -46,8 +47,8 @@ def test_a_checkpoint_loads_at_another_patch_size(tmp_path):
   model = models.create_model("ViT-Ti_16", num_classes=10, patch_size=8, hidden_size=32,
                               mlp_dim=64, num_heads=2, num_layers=2)
   params = model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))["params"]
-  checkpoint.save_npz(tmp_path / "p8.npz", params)
-  loaded = checkpoint.load(str(tmp_path / "p8.npz"), patch_size=4, image_size=64)
+  npz.save_npz(tmp_path / "p8.npz", params)
+  loaded = loader.load(str(tmp_path / "p8.npz"), patch_size=4, image_size=64)
   assert loaded.model.patch_size == 4 and loaded.grid == (16, 16)
   assert loaded.description.model["patch_size"] == 4 and loaded.model.name_in_registry is None
   np.testing.assert_allclose(loaded.params["embedding"]["kernel"],

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from helpers import randomised_torch, write_repo
-from vit_jax import checkpoint
+from vit_jax.checkpoint import loader
 from vit_jax.checkpoint.layouts import timm_eva
 from vit_jax.models import timm_models
 from vit_jax.tools import inspect_checkpoint as inspect_cli
@@ -88,10 +88,10 @@ def test_eva_models_are_timms(form, tmp_path, hub_cache, capsys):
   spec = f"hf-hub:timm/{FORMS[form][0]}.tiny"
   write_repo(hub_cache, spec[len("hf-hub:"):], {f: tmp_path / form / f
                                                  for f in os.listdir(tmp_path / form)})
-  loaded = checkpoint.load(spec)
+  loaded = loader.load(spec)
   assert_timms(loaded, model, images(SIZE, SIZE))
   # Another size: DINOv3's rotary grid as it is; EVA-02's embedding resampled as timm does.
-  other = checkpoint.load(spec, dynamic_image_size=True, posemb_interpolation="bicubic")
+  other = loader.load(spec, dynamic_image_size=True, posemb_interpolation="bicubic")
   assert_timms(other, model, images(*OTHER))
 
   d, cfg = loaded.description, config["pretrained_cfg"]
@@ -155,6 +155,6 @@ def test_heads_come_from_the_architecture_without_model_args(tmp_path):
   config = json.loads((tmp_path / "tiny" / "config.json").read_text())
   del config["model_args"]
   (tmp_path / "tiny" / "config.json").write_text(json.dumps(config))
-  loaded = checkpoint.load(str(tmp_path / "tiny"))
+  loaded = loader.load(str(tmp_path / "tiny"))
   assert loaded.model.num_heads == 3
   assert_timms(loaded, model, images(size, size))

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from helpers import TINY_VIT, noisy
-from vit_jax import checkpoint, models
+from vit_jax import models
+from vit_jax.checkpoint import errors, loader, npz
 from vit_jax.checkpoint.layouts import timm_vit
 from vit_jax.models import features, timm_models, vit
 
@@ -83,7 +84,7 @@ def test_logits_and_prefix_tokens_are_timms(layout, tmp_path):
   reference, arrays = timm_with_registers(**LAYOUTS[layout])
   assert arrays["reg"].shape == (1, 4, 192)
   np.savez(tmp_path / "timm.npz", **arrays)
-  loaded = checkpoint.load(str(tmp_path / "timm.npz"))
+  loaded = loader.load(str(tmp_path / "timm.npz"))
   assert loaded.model.num_registers == 4
   assert loaded.model.classifier == ("gap" if "gap" in layout else "token")
   images = np.random.default_rng(0).uniform(-1, 1, (2, 64, 64, 3)).astype(np.float32)
@@ -111,7 +112,7 @@ def test_ours_moved_into_timm_give_our_logits(layout):
   images = np.random.default_rng(0).uniform(-1, 1, (2, 64, 64, 3)).astype(np.float32)
   params = noisy(model.init(jax.random.key(0), images)["params"], 0.05, seed=1)
   reference, _ = timm_with_registers(**LAYOUTS[layout])
-  timm_models.load_into(reference, checkpoint.flatten(params))
+  timm_models.load_into(reference, npz.flatten(params))
   np.testing.assert_allclose(timm_models.logits(reference, images),
                              np.asarray(model.apply({"params": params}, images)),
                              atol=1e-4, rtol=1e-4)
@@ -123,13 +124,13 @@ def test_registers_round_trip_through_npz(tmp_path):
   params = model.init(jax.random.key(0), np.zeros((1, 32, 32, 3), np.float32))["params"]
   assert params["reg"].shape == (1, 2, 192)
   assert params["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 17, 192)
-  checkpoint.save_npz(str(tmp_path / "r.npz"), params)
-  loaded = checkpoint.load(str(tmp_path / "r.npz"))
+  npz.save_npz(str(tmp_path / "r.npz"), params)
+  loaded = loader.load(str(tmp_path / "r.npz"))
   assert loaded.model.num_registers == 2 and loaded.description.model["num_registers"] == 2
-  for name, value in checkpoint.flatten(params).items():
-    np.testing.assert_array_equal(checkpoint.flatten(loaded.params)[name], value, err_msg=name)
-  with pytest.raises(checkpoint.CheckpointError, match="reg: in the checkpoint"):
-    checkpoint.load(str(tmp_path / "r.npz"), num_registers=0)
+  for name, value in npz.flatten(params).items():
+    np.testing.assert_array_equal(npz.flatten(loaded.params)[name], value, err_msg=name)
+  with pytest.raises(errors.CheckpointError, match="reg: in the checkpoint"):
+    loader.load(str(tmp_path / "r.npz"), num_registers=0)
 
 
 def images(h: int, w: int) -> np.ndarray:
@@ -142,17 +143,17 @@ def tiny_npz(tmp_path_factory):
   model = models.create_model("ViT-Ti_16", num_classes=5, **TINY_VIT)
   params = noisy(model.init(jax.random.key(0), images(32, 32))["params"], 0.1, seed=1)
   path = str(tmp_path_factory.mktemp("dynamic") / "tiny.npz")
-  checkpoint.save_npz(path, params)
+  npz.save_npz(path, params)
   return path
 
 
 @pytest.mark.parametrize("method", ["bilinear", "bicubic"])
 def test_logits_at_another_size_are_the_resized_checkpoints(tiny_npz, method):
-  dynamic = checkpoint.load(tiny_npz, dynamic_image_size=True, posemb_interpolation=method)
+  dynamic = loader.load(tiny_npz, dynamic_image_size=True, posemb_interpolation=method)
   assert dynamic.image_size == 32
   apply = jax.jit(lambda p, x: dynamic.model.apply({"params": p}, x))
   for size in (56, 16):
-    resized = checkpoint.load(tiny_npz, image_size=size, posemb_interpolation=method)
+    resized = loader.load(tiny_npz, image_size=size, posemb_interpolation=method)
     want = resized.model.apply({"params": resized.params}, images(size, size))
     np.testing.assert_allclose(np.asarray(apply(dynamic.params, images(size, size))),
                                np.asarray(want), atol=1e-5, rtol=1e-5)
@@ -167,7 +168,7 @@ def test_bicubic_is_timms_dynamic_img_size():
   with torch.no_grad():
     for p in reference.parameters():
       p.add_(0.05 * torch.randn_like(p))
-  params = checkpoint.unflatten(timm_vit.to_npz(reference))
+  params = npz.unflatten(timm_vit.to_npz(reference))
   model = models.create_model("ViT-Ti_16", num_classes=10, dynamic_image_size=True,
                               posemb_interpolation="bicubic")
   for h, w in ((96, 128), (32, 48)):
@@ -177,7 +178,7 @@ def test_bicubic_is_timms_dynamic_img_size():
 
 
 def test_a_fixed_size_model_names_the_way_out(tiny_npz):
-  loaded = checkpoint.load(tiny_npz)
+  loaded = loader.load(tiny_npz)
   with pytest.raises(ValueError, match=r"position embedding has 17 tokens, the input gives 50 "
                      r"\(7x7 patches\): load the checkpoint at this image_size, or build the "
                      "model with dynamic_image_size=True"):

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from helpers import random_like, randomised_torch
-from vit_jax import checkpoint, models
+from vit_jax import models
+from vit_jax.checkpoint import errors, npz
 from vit_jax.checkpoint.layouts import timm_eva, timm_vit
 from vit_jax.models import features, rope as rope_lib, timm_models, vit
 
@@ -51,7 +52,7 @@ def block_params(block) -> dict:
   if type(block).__name__ != "EvaBlock":  # No class token, one patch's learned embedding.
     flat = timm_vit.to_released(arrays | {"pos_embed": zeros},
                                 {"model_args": {"num_heads": HEADS}}, "a timm Block")
-    return checkpoint.unflatten(flat)["Transformer"]["encoderblock_0"]
+    return npz.unflatten(flat)["Transformer"]["encoderblock_0"]
   # DINOv3's blocks rotate the halves of each head, EVA-02's adjacent pairs.
   family = "vit_small_patch16_dinov3" if block.attn.rotate_half else "eva02_base_patch14_224"
   return eva_tree(arrays | {"cls_token": zeros}, family)["Transformer"]["encoderblock_0"]
@@ -61,7 +62,7 @@ def eva_tree(arrays: dict, architecture: str) -> dict:
   """An Eva's state dict (numpy; avg pooling) as our tree, as the Hub's layout reads it."""
   config = {"architecture": architecture, "global_pool": "avg",
             "model_args": {"num_heads": HEADS}}
-  return checkpoint.unflatten(timm_eva.to_released(arrays, config, architecture))
+  return npz.unflatten(timm_eva.to_released(arrays, config, architecture))
 
 
 def eva_block(**kw):
@@ -160,7 +161,7 @@ def test_clip_form_is_timms():
   del arrays["head/bias"]
   model = vit.VisionTransformer(num_classes=8, pre_norm=True, gelu="quick", layer_norm_eps=1e-5,
                                 head_bias=False, **TINY)
-  ours = model.apply({"params": checkpoint.unflatten(arrays)}, images(32, 32))
+  ours = model.apply({"params": npz.unflatten(arrays)}, images(32, 32))
   np.testing.assert_allclose(np.asarray(ours), timm_models.logits(reference, images(32, 32)),
                              atol=1e-4, rtol=1e-4)
 
@@ -170,7 +171,7 @@ def test_dinov2_form_is_timms():
   torch, _ = timm_models.import_torch()
   reference = tiny_timm_vit(init_values=1e-5)
   model = vit.VisionTransformer(num_classes=8, layer_scale=True, gelu="exact", **TINY)
-  params = checkpoint.unflatten(timm_vit.to_npz(reference))
+  params = npz.unflatten(timm_vit.to_npz(reference))
   assert set(params["Transformer"]["encoderblock_1"]) >= {"LayerScale_0", "LayerScale_1"}
   ours = model.apply({"params": params}, images(32, 32))
   np.testing.assert_allclose(np.asarray(ours), timm_models.logits(reference, images(32, 32)),
@@ -181,7 +182,7 @@ def test_patch_mean_beside_a_class_token_with_fc_norm_is_timms():
   """timm's global_pool="avg" with its class token and fc_norm (EVA-02's ImageNet heads'
   pooling): to_npz moves fc_norm across, the class token stays out of the mean."""
   reference = tiny_timm_vit(global_pool="avg", fc_norm=True)
-  params = checkpoint.unflatten(timm_vit.to_npz(reference))
+  params = npz.unflatten(timm_vit.to_npz(reference))
   assert "fc_norm" in params and "encoder_norm" not in params["Transformer"]
   model = vit.VisionTransformer(num_classes=8, classifier="gap", class_token=True,
                                 fc_norm=True, gelu="exact", **TINY)
@@ -207,7 +208,7 @@ def test_to_npz_converts_what_the_layout_reads(form):
   timm_kwargs, fields = CONVERTED[form]
   reference = tiny_timm_vit(**timm_kwargs(timm.layers))
   model = vit.VisionTransformer(num_classes=8, gelu="exact", **TINY | fields)
-  ours = model.apply({"params": checkpoint.unflatten(timm_vit.to_npz(reference))}, images(32, 32))
+  ours = model.apply({"params": npz.unflatten(timm_vit.to_npz(reference))}, images(32, 32))
   np.testing.assert_allclose(np.asarray(ours), timm_models.logits(reference, images(32, 32)),
                              atol=1e-4, rtol=1e-4)
 
@@ -234,7 +235,7 @@ REFUSED = {
 def test_to_npz_refuses_in_one_line_what_it_cannot_convert(form):
   _, timm = timm_models.import_torch()
   timm_kwargs, says = REFUSED[form]
-  with pytest.raises(checkpoint.CheckpointError, match=re.escape(says)) as refused:
+  with pytest.raises(errors.CheckpointError, match=re.escape(says)) as refused:
     timm_vit.to_npz(tiny_timm_vit(**timm_kwargs(timm.layers)))
   assert "\n" not in str(refused.value)
 
@@ -242,7 +243,7 @@ def test_to_npz_refuses_in_one_line_what_it_cannot_convert(form):
 def test_to_npz_refuses_an_eva_naming_the_layout_that_reads_it():
   _, timm = timm_models.import_torch()
   eva = timm.create_model("vit_small_patch16_dinov3", pretrained=False, **TIMM_TINY)
-  with pytest.raises(checkpoint.CheckpointError,
+  with pytest.raises(errors.CheckpointError,
                      match="not its Eva: save it .* layouts/timm_eva.py") as refused:
     timm_vit.to_npz(eva)
   assert "\n" not in str(refused.value)
@@ -304,7 +305,7 @@ def every_field_model(**kw) -> vit.VisionTransformer:
 
 def test_every_field_on_gives_its_arrays():
   shapes = jax.eval_shape(every_field_model().init, jax.random.key(0), images(32, 32))["params"]
-  flat = {k: v.shape for k, v in checkpoint.flatten(shapes).items()}
+  flat = {k: v.shape for k, v in npz.flatten(shapes).items()}
   block = {k.split("/", 2)[2]: v for k, v in flat.items()
            if k.startswith("Transformer/encoderblock_0/")}
   attn, mlp = "MultiHeadDotProductAttention_1/", "MlpBlock_3/"
@@ -349,9 +350,9 @@ def test_every_field_on_runs_every_way():
   bf16 = model.clone(dtype=jnp.bfloat16).apply({"params": params}, x)
   np.testing.assert_allclose(bf16, want, atol=0.05 * np.abs(want).max())
   lora = model.clone(lora_rank=2, lora_targets=("query", "key", "Dense_0", "Dense_1"))
-  adapters = checkpoint.flatten(lora.init(jax.random.key(1), x)["params"])
+  adapters = npz.flatten(lora.init(jax.random.key(1), x)["params"])
   assert "Transformer/encoderblock_0/MlpBlock_3/Dense_0/lora_a" in adapters
-  adapted = checkpoint.unflatten(adapters | checkpoint.flatten(params))
+  adapted = npz.unflatten(adapters | npz.flatten(params))
   # B starts at zero: the adapted model computes what its base does.
   np.testing.assert_allclose(lora.apply({"params": adapted}, x), want, atol=1e-5, rtol=1e-5)
   maps, prefix = features.forward_intermediates(model, params, x, [0, 1], norm=True,

@@ -12,7 +12,8 @@ import pytest
 
 from helpers import AUGREG_TINY as TINY
 from helpers import HEADER, IMNET_384, R26, R_TI, ROWS, S16, TI, TI_I1K, TI_LIGHT
-from vit_jax import checkpoint, models
+from vit_jax import models
+from vit_jax.checkpoint import loader, npz as npz_lib
 from vit_jax.tools import zoo
 from vit_jax.checkpoint import augreg, specs
 from vit_jax.models import timm_models  # torch before TensorFlow: see conftest.py
@@ -149,14 +150,14 @@ def test_resolve_adapted_filename_gives_its_resolution(zoo_dir, cache_dir):
   r = augreg.resolve(f"augreg:{TI}{IMNET_384}.npz", zoo_dir=zoo_dir, progress=False)
   assert (r.model_name, r.image_size, r.adapt_ds) == ("ViT-Ti_16", 384, "imagenet2012")
   assert r.row["adapt_resolution"] == 384
-  flat = checkpoint.load_npz_flat(r.path)
-  assert flat[checkpoint.POSEMB_KEY].shape == (1, 24 * 24 + 1, TINY["hidden_size"])
+  flat = npz_lib.load_npz_flat(r.path)
+  assert flat[npz_lib.POSEMB_KEY].shape == (1, 24 * 24 + 1, TINY["hidden_size"])
   assert flat["head/kernel"].shape == (TINY["hidden_size"], 1000)
 
 
 def test_an_augreg_file_is_described_with_the_index_resolution(zoo_dir, cache_dir, monkeypatch):
   monkeypatch.setenv("VIT_JAX_AUGREG_DIR", zoo_dir)
-  described = checkpoint.describe(f"augreg:{TI}{IMNET_384}")
+  described = loader.describe(f"augreg:{TI}{IMNET_384}")
   assert (described.model_name, described.image_size, described.num_classes) == (
       "ViT-Ti_16", 384, 1000)
   assert described.assumed == ("model", "preprocessing")  # The resolution is known.

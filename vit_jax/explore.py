@@ -1,5 +1,5 @@
 """What notebooks/explore_checkpoint.ipynb and `vit-inspect` compute: from a
-loaded checkpoint (`checkpoint.load`) and images, top-k labels, attention maps (rollout and
+loaded checkpoint (`loader.load`) and images, top-k labels, attention maps (rollout and
 per head), the mean attention distance per head, position-embedding similarity and the
 principal components of the patch-embedding filters (figures 6 and 7 of the ViT paper).
 `vit_jax.figures` draws them.
@@ -14,7 +14,8 @@ import numpy as np
 import tensorflow as tf
 from etils import epath
 
-from vit_jax import checkpoint, models
+from vit_jax import models
+from vit_jax.checkpoint import description, loader
 from vit_jax.data import preprocess as pp
 from vit_jax.data import sources
 from vit_jax.serving.images import IMAGE_SUFFIXES
@@ -47,21 +48,21 @@ def load_images(source: str, split: str = "test", data_dir: str | None = None,
 
 
 def preprocess(images: Sequence[np.ndarray], image_size: int,
-               preprocessing: checkpoint.Preprocessing | tuple[float, float] = (
-                   checkpoint.Preprocessing())) -> np.ndarray:
+               preprocessing: description.Preprocessing | tuple[float, float] = (
+                   description.Preprocessing())) -> np.ndarray:
   """As the evaluation pipeline (`pp.apply_preprocessing`): fitted to image_size,
   grayscale to RGB, normalised as the checkpoint's description says
   (`ckpt.description.preprocessing`); a (low, high) pair stands for its value range."""
   if preprocessing is None:  # A description's value_range where it states mean and std.
     raise ValueError("explore.preprocess takes the checkpoint's Preprocessing "
                      "(ckpt.description.preprocessing): it normalises by mean and std.")
-  if not isinstance(preprocessing, checkpoint.Preprocessing):
-    preprocessing = checkpoint.Preprocessing(value_range=tuple(preprocessing))
+  if not isinstance(preprocessing, description.Preprocessing):
+    preprocessing = description.Preprocessing(value_range=tuple(preprocessing))
   return np.stack([pp.apply_preprocessing(tf.constant(im), preprocessing, image_size).numpy()
                    for im in images])
 
 
-def predict(ckpt: checkpoint.Loaded, batch: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+def predict(ckpt: loader.Loaded, batch: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
   """(logits (B, classes), attention weights: per layer (B, heads, tokens, tokens))."""
   logits, aux = jax.jit(lambda params, x: ckpt.model.apply(
       {"params": params}, x, return_attention=True))(ckpt.params, batch)
@@ -147,7 +148,7 @@ def mean_attention_distance(attention: Sequence[np.ndarray], grid: tuple[int, in
   return np.stack(out)
 
 
-def model_attention_distance(ckpt: checkpoint.Loaded, batch: np.ndarray,
+def model_attention_distance(ckpt: loader.Loaded, batch: np.ndarray,
                              batch_size: int = 32) -> np.ndarray:
   """`mean_attention_distance` of the model over all of `batch` (preprocessed images), run
   `batch_size` images at a time: all layers' attention for many images at once would not
@@ -163,7 +164,7 @@ def model_attention_distance(ckpt: checkpoint.Loaded, batch: np.ndarray,
   return total / len(batch)
 
 
-def position_embeddings(ckpt: checkpoint.Loaded) -> np.ndarray:
+def position_embeddings(ckpt: loader.Loaded) -> np.ndarray:
   """The patches' position embeddings, (h, w, D): learned, or the fixed sin-cos ones. Raises
   ValueError for a model without one (posemb 'none', as DINOv3, whose rotary embedding turns
   the queries and keys instead)."""

@@ -15,17 +15,18 @@ import numpy as np
 from etils import epath
 from matplotlib.figure import Figure
 
-from vit_jax import checkpoint, explore
+from vit_jax import explore
+from vit_jax.checkpoint import loader
 
 FILES = {"filters": "embedding_filters.png", "posemb": "position_embedding_similarity.png",
          "distance": "mean_attention_distance.png", "rollout": "attention_rollout.png"}
 
 
-def _title(ckpt: checkpoint.Loaded) -> str:
+def _title(ckpt: loader.Loaded) -> str:
   return ckpt.model.name_in_registry or "ViT"
 
 
-def embedding_filters(ckpt: checkpoint.Loaded, num: int = 28, cols: int = 7) -> Figure | None:
+def embedding_filters(ckpt: loader.Loaded, num: int = 28, cols: int = 7) -> Figure | None:
   """The principal components of the RGB patch-embedding filters, with the share of the
   variance each explains (figure 7, left); None for a hybrid, whose patch embedding sees
   ResNet features, not pixels."""
@@ -46,7 +47,7 @@ def embedding_filters(ckpt: checkpoint.Loaded, num: int = 28, cols: int = 7) -> 
   return fig
 
 
-def position_similarity(ckpt: checkpoint.Loaded) -> Figure | None:
+def position_similarity(ckpt: loader.Loaded) -> Figure | None:
   """Cosine similarity of each patch's position embedding with every other (figure 7,
   centre): tile (i, j) shows patch (i, j)'s similarity to all patches. None for a model
   without one (posemb 'none': DINOv3, whose rotary embedding turns the queries and keys)."""
@@ -65,7 +66,7 @@ def position_similarity(ckpt: checkpoint.Loaded) -> Figure | None:
   return fig
 
 
-def attention_distance(distances: np.ndarray, ckpt: checkpoint.Loaded,
+def attention_distance(distances: np.ndarray, ckpt: loader.Loaded,
                        num_images: int) -> Figure:
   """Mean attention distance (layers, heads) against depth, a dot per head (figure 7,
   right), and the distance of uniform attention over the grid for scale."""
@@ -90,7 +91,7 @@ def attention_distance(distances: np.ndarray, ckpt: checkpoint.Loaded,
 
 
 def attention_rollout(batch: np.ndarray, attention: Sequence[np.ndarray],
-                      ckpt: checkpoint.Loaded, captions: Sequence[str] | None = None) -> Figure:
+                      ckpt: loader.Loaded, captions: Sequence[str] | None = None) -> Figure:
   """The images (preprocessed, as the model sees them) and, below, where the
   representation looks: attention rollout over all layers (figure 6)."""
   maps = explore.token_maps(explore.attention_rollout(attention), ckpt.grid,
@@ -118,7 +119,7 @@ def save(fig: Figure, path: str, dpi: int = 120) -> str:
   return str(path)
 
 
-def write(ckpt: checkpoint.Loaded, out_dir: str, batch: np.ndarray | None = None,
+def write(ckpt: loader.Loaded, out_dir: str, batch: np.ndarray | None = None,
           captions: Sequence[str] | None = None, *, batch_size: int = 32,
           rollout_images: int = 4) -> tuple[dict[str, str], np.ndarray | None]:
   """Writes the figures as PNG into `out_dir`: the weights' own (filters, position

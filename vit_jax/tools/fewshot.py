@@ -15,13 +15,17 @@ import csv
 import functools
 import glob
 import os
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from vit_jax import checkpoint, data  # Their names load when used: not before the checks.
+from vit_jax import data  # Its names load when used: not before the checks.
+from vit_jax.checkpoint import description
 from vit_jax.evaluators import fewshot_lsr
 from vit_jax.tools import cli, jobs, logs
+
+if TYPE_CHECKING:  # Imported where used: the loader's JAX and orbax take seconds.
+  from vit_jax.checkpoint import loader
 
 
 OUTPUTS = ("fewshot.csv", "fewshot.md", "fewshot.png")
@@ -79,7 +83,8 @@ def _probe(path: str, model_name: str | None, image_size: int | None, datasets: 
   `batch_size`); a job per dataset, its failures in `failures` (`CKPT on DATASET`, or `CKPT`
   where it cannot be loaded)."""
   from vit_jax import models
-  ckpt = jobs.attempt(path, lambda: checkpoint.load(
+  from vit_jax.checkpoint import loader
+  ckpt = jobs.attempt(path, lambda: loader.load(
       path, model_name and models.resolve_name(model_name), image_size=image_size, head=False,
       base=base), failures)
   if ckpt is None:
@@ -104,7 +109,7 @@ def _probe(path: str, model_name: str | None, image_size: int | None, datasets: 
   return rows
 
 
-def _batch(ckpt: "checkpoint.Loaded", wanted: int) -> int:
+def _batch(ckpt: "loader.Loaded", wanted: int) -> int:
   """The images a forward pass of the checkpoint's model takes at once here, said if fewer
   than `wanted` (--batch_size): 256 images of a ViT-L/14 at 518 px ran out of 24 GiB."""
   import jax
@@ -146,12 +151,12 @@ def sweep(checkpoints: Sequence[str], model_name: str | None, datasets: Sequence
   batch_sharding = sharding.batch_sharding(sharding.make_mesh())
 
   @functools.cache
-  def batches(size: int, preprocessing: checkpoint.Preprocessing, batch: int) -> dict:
+  def batches(size: int, preprocessing: description.Preprocessing, batch: int) -> dict:
     return fewshot_lsr.fewshot_datasets(datasets, data_dir, train_split, test_split, size,
                                         batch, batch_sharding, preprocessing, download)
 
   # Reads only the datasets' metadata: a dataset that cannot be read fails here, once.
-  batches(image_size or checkpoint.description.DEFAULT_IMAGE_SIZE, checkpoint.Preprocessing(),
+  batches(image_size or description.DEFAULT_IMAGE_SIZE, description.Preprocessing(),
           batch_size)
   check_shots(datasets, data_dir, train_split, shots, download)
   rows, failures = [], {}

@@ -13,7 +13,8 @@ from typing import Any
 
 import ml_collections
 
-from vit_jax import checkpoint, configs, models
+from vit_jax import configs, models
+from vit_jax.checkpoint import description
 from vit_jax.checkpoint import specs
 from vit_jax.configs import finetune
 from vit_jax.data import sources, tasks
@@ -97,16 +98,16 @@ def choose_lr(accuracies: dict[float, float]) -> float:
   return max(sorted(accuracies), key=lambda lr: accuracies[lr])
 
 
-def model_name(described: checkpoint.Description) -> str:
+def model_name(described: description.Description) -> str:
   return described.model_name or _UNNAMED_BASE
 
 
-def _model_overrides(described: checkpoint.Description) -> dict[str, Any]:
+def _model_overrides(described: description.Description) -> dict[str, Any]:
   return {f"model.{k}": tuple(v) if isinstance(v, list) else v
           for k, v in described.model.items() if k in _INHERITED and v is not None}
 
 
-def overrides(ft: FineTune, settings: Settings, described: checkpoint.Description
+def overrides(ft: FineTune, settings: Settings, described: description.Description
               ) -> dict[str, Any]:
   """The run's fields of the finetune config, by dotted name."""
   task = ft.task
@@ -129,7 +130,7 @@ def overrides(ft: FineTune, settings: Settings, described: checkpoint.Descriptio
   }
 
 
-def _accumulation(settings: Settings, described: checkpoint.Description) -> dict[str, int]:
+def _accumulation(settings: Settings, described: description.Description) -> dict[str, int]:
   """`accum_steps` where the recipe's batch of the checkpoint's model does not fit the memory
   here in one step (footprint.accum_steps_for): the same 512 examples an update, in
   micro-batches; nothing where it fits."""
@@ -141,14 +142,14 @@ def _accumulation(settings: Settings, described: checkpoint.Description) -> dict
   return {"accum_steps": steps} if steps > 1 else {}
 
 
-def _recipe(task: tasks.Task, described: checkpoint.Description) -> str:
+def _recipe(task: tasks.Task, described: description.Description) -> str:
   """The finetune config the run starts from (an image folder's: a name of no dataset; the
   run's overrides set its data)."""
   dataset = "folder" if sources.is_folder(task.tfds_name) else task.tfds_name.split(":")[0]
   return f"finetune:{models.registry.short_name(model_name(described))},{dataset}"
 
 
-def config(ft: FineTune, settings: Settings, described: checkpoint.Description
+def config(ft: FineTune, settings: Settings, described: description.Description
            ) -> ml_collections.ConfigDict:
   """The finetune config with the run's overrides."""
   c = configs.get_config(_recipe(ft.task, described))
@@ -156,7 +157,7 @@ def config(ft: FineTune, settings: Settings, described: checkpoint.Description
   return c
 
 
-def command(ft: FineTune, settings: Settings, described: checkpoint.Description) -> list[str]:
+def command(ft: FineTune, settings: Settings, described: description.Description) -> list[str]:
   """The run as a `vit-train` command line."""
   flags = [f"--config.{k}={v}" for k, v in overrides(ft, settings, described).items()
            if v is not None and k != "model_name"]

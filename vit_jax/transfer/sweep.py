@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 from absl import logging
 import ml_collections
 
-from vit_jax import checkpoint, data
+from vit_jax import data
+from vit_jax.checkpoint import description, loader
 from vit_jax.checkpoint import workdir_lock
 from vit_jax.data import tasks
 from vit_jax.train import loop, stop_signals
@@ -29,21 +30,21 @@ def _one_line(e: BaseException) -> str:
   return f"{type(e).__name__}: {' '.join(text.split())}"
 
 
-def run_fine_tune(ft: protocol.FineTune, settings: protocol.Settings,
-                  described: checkpoint.Description, out_dir: str) -> dict[str, object]:
+def fine_tune(ft: protocol.FineTune, settings: protocol.Settings,
+              described: description.Description, out_dir: str) -> dict[str, object]:
   """Fine-tunes and evaluates one run of the protocol; its row, appended to the task's rows.
   Its workdir is locked while it runs: a second sweep on the same out_dir stops there (WorkdirInUse)."""
   c = protocol.config(ft, settings, described)
   lock = workdir_lock.take(ft.workdir)
   try:
-    return _run_locked(ft, c, described, out_dir)
+    return _fine_tune_locked(ft, c, described, out_dir)
   finally:
     if lock:
       lock.release()
 
 
-def _run_locked(ft: protocol.FineTune, c: ml_collections.ConfigDict,
-                described: checkpoint.Description, out_dir: str) -> dict[str, object]:
+def _fine_tune_locked(ft: protocol.FineTune, c: ml_collections.ConfigDict,
+                      described: description.Description, out_dir: str) -> dict[str, object]:
   t0 = time.time()
   row = {"checkpoint": ft.checkpoint, "model": described.model_name or "",
          "task": ft.task.name, "suite": ft.task.suite,
@@ -73,16 +74,16 @@ def _check(stop: stop_signals.StopSignals) -> None:
     raise stop_signals.Interrupted(stop.received)
 
 
-def run_task(ckpt: str, task: tasks.Task, settings: protocol.Settings, out_dir: str,
-             described: checkpoint.Description, log: Callable[[str], None],
-             stop: stop_signals.StopSignals) -> str | None:
+def transfer_task(ckpt: str, task: tasks.Task, settings: protocol.Settings, out_dir: str,
+                  described: description.Description, log: Callable[[str], None],
+                  stop: stop_signals.StopSignals) -> str | None:
   """The task's selection runs, then its final run, each unless done; None, or why it failed."""
   task_dir = protocol.task_dir(out_dir, ckpt, task)
   for ft in protocol.fine_tunes(ckpt, task, settings, out_dir)[:-1]:
     if ft.key in _done(task_dir):
       continue
     _check(stop)
-    row = run_fine_tune(ft, settings, described, out_dir)
+    row = fine_tune(ft, settings, described, out_dir)
     log(f"{task.name} lr={row['lr']} on {ft.phase}: {row['accuracy'] or row['status']}")
     if row["status"] != OK:
       return str(row["status"])
@@ -92,33 +93,33 @@ def run_task(ckpt: str, task: tasks.Task, settings: protocol.Settings, out_dir: 
   if final.key in _done(task_dir):
     return None
   _check(stop)
-  row = run_fine_tune(final, settings, described, out_dir)
+  row = fine_tune(final, settings, described, out_dir)
   log(f"{task.name} lr={row['lr']} on {final.phase}: {row['accuracy'] or row['status']}")
   return None if row["status"] == OK else str(row["status"])
 
 
-def run(checkpoints: Sequence[str], task_list: Sequence[tasks.Task],
-        settings: protocol.Settings, out_dir: str,
-        log: Callable[[str], None] = print) -> dict[tuple[str, str], str]:
+def transfer(checkpoints: Sequence[str], task_list: Sequence[tasks.Task],
+             settings: protocol.Settings, out_dir: str,
+             log: Callable[[str], None] = print) -> dict[tuple[str, str], str]:
   """Every (checkpoint, task), the report rewritten after each; returns the failures,
   (checkpoint, task name) -> why."""
   with stop_signals.StopSignals() as stop:
-    return _run(checkpoints, task_list, settings, out_dir, log, stop)
+    return _transfer(checkpoints, task_list, settings, out_dir, log, stop)
 
 
-def _run(checkpoints: Sequence[str], task_list: Sequence[tasks.Task],
-         settings: protocol.Settings, out_dir: str, log: Callable[[str], None],
-         stop: stop_signals.StopSignals) -> dict[tuple[str, str], str]:
+def _transfer(checkpoints: Sequence[str], task_list: Sequence[tasks.Task],
+              settings: protocol.Settings, out_dir: str, log: Callable[[str], None],
+              stop: stop_signals.StopSignals) -> dict[tuple[str, str], str]:
   failures = {}
   for ckpt in checkpoints:
     try:
-      described = checkpoint.describe(ckpt)
+      described = loader.describe(ckpt)
     except Exception as e:  # the other checkpoints still run
       logging.error("%s failed: %s", ckpt, _one_line(e))
       failures |= {(ckpt, t.name): f"failed: {_one_line(e)}" for t in task_list}
       continue
     for task in task_list:
-      if (why := run_task(ckpt, task, settings, out_dir, described, log, stop)) is not None:
+      if (why := transfer_task(ckpt, task, settings, out_dir, described, log, stop)) is not None:
         failures[ckpt, task.name] = why
       report.write(out_dir, failures)
   report.write(out_dir, failures)
