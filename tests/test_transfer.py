@@ -156,10 +156,10 @@ def test_a_signal_between_jobs_stops_the_sweep_before_the_next(monkeypatch, tmp_
     results.append(protocol.task_dir(out_dir, job.checkpoint, job.task), row)
     return row
 
-  monkeypatch.setattr(sweep, "run_fine_tune", job_then_signal)
+  monkeypatch.setattr(sweep, "fine_tune", job_then_signal)
   suite = tasks.resolve_or_custom("fashion_mnist,mnist")
   with pytest.raises(stop_signals.Interrupted) as stopped:
-    sweep.run([tiny_npz], suite, transfer.settings_of(transfer.parse_args(
+    sweep.transfer([tiny_npz], suite, transfer.settings_of(transfer.parse_args(
         [tiny_npz, "--suite", "fashion_mnist", "--lr_grid=0.1", "--out_dir", str(tmp_path)])),
         str(tmp_path), log=print)
   assert started == ["fashion_mnist"] and stopped.value.exit_status == 143

@@ -207,7 +207,7 @@ def main(argv: list[str]) -> int:
     if args.dry_run:
       dry_run(args.checkpoints, task_list, settings, args.out_dir)
       return 0
-    failures = sweep.run(args.checkpoints, task_list, settings, args.out_dir)
+    failures = sweep.transfer(args.checkpoints, task_list, settings, args.out_dir)
   print((epath.Path(args.out_dir) / "results.md").read_text(), end="")
   return jobs.finish({f"{c} on {t}": why.removeprefix("failed: ")
                       for (c, t), why in failures.items()}, "tasks")
