@@ -208,11 +208,11 @@ def main(argv: list[str]) -> int:
   if formats.format_of(args.checkpoint):
     logs.start_tensorflow(datasets=False)
     with logs.native_logs():
-      from vit_jax.serving import runners
-      runner = runners.open_model(args.checkpoint)  # Reported only if its runtime opens it.
+      from vit_jax.serving import predictors
+      predictor = predictors.open_model(args.checkpoint)  # Reported if its runtime opens it.
     described = formats.describe(args.checkpoint).to_dict()
-    opened = {"format": runner.format, "image_size": runner.image_size,
-              "num_classes": runner.num_classes}
+    opened = {"format": predictor.format, "image_size": predictor.image_size,
+              "num_classes": predictor.num_classes}
     print(json.dumps({"checkpoint": args.checkpoint, "description": described,
                       "opened": opened}, indent=1)
           if args.json else format_description(args.checkpoint, described, opened))
