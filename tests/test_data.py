@@ -14,8 +14,10 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from vit_jax import data
+from vit_jax.data import config as data_config
 from vit_jax.data import pipeline
 from vit_jax.data import preprocess as pp
+from vit_jax.data import sources, tasks
 
 
 BATCH = 64
@@ -462,3 +464,93 @@ def test_class_counts_of_a_tfds_split_are_those_of_its_labels(dataset, split):
                   download=False)
   labels = np.array([label for _, label in tfds.as_numpy(raw)])
   np.testing.assert_array_equal(data.class_counts(cfg), np.bincount(labels, minlength=10))
+
+
+# --- sources: the kinds of data.name ----------------------------------------
+
+
+# The Protocol's members: what every kind of source has, and all the pipeline may use.
+_MEMBERS = {n for n in vars(sources.Source) if not n.startswith("_")} | set(
+    sources.Source.__annotations__)
+
+
+def _fashion_task() -> tasks.Task:
+  """A transfer task on the Fashion-MNIST the tests build: data.name `task:test/fashion`."""
+  return tasks.Task(name="test/fashion", suite="test", group="test", tfds_name="fashion_mnist",
+                    num_classes=10, train="train", test="test", minitrain="train[:800]",
+                    minival="train[800:1000]", steps=1, lr_grid=(0.01,),
+                    label=tasks.Label(lambda f: f["label"], "label"))
+
+
+def test_every_kind_of_source_keeps_the_contract(dataset, tmp_path, monkeypatch):
+  """Each row of sources.KINDS claims a name of its kind and opens a Source with every member
+  of the Protocol, their signatures its own and their answers consistent: sizes, shards,
+  class counts and the labels read."""
+  import inspect
+  monkeypatch.setitem(tasks.TASKS, "test/fashion", _fashion_task())
+  _write_folder(tmp_path)
+  names = {"folder": (str(tmp_path), "test"), "task": ("task:test/fashion", "test[:50]"),
+           "tfds": ("fashion_mnist", "test[:50]")}
+  assert sorted(names) == sorted(sources.KINDS), "give the new kind a name here"
+  methods = _MEMBERS - set(sources.Source.__annotations__) - {"class_names"}
+  for kind, (name, split) in names.items():
+    assert sources.kind_of(name) == kind
+    source = sources.get_source(name, dataset[1], False, "fail")
+    assert isinstance(source.name, str) and source.channels in (1, 3), kind
+    for method in methods:
+      want = list(inspect.signature(getattr(sources.Source, method)).parameters)[1:]
+      assert list(inspect.signature(getattr(source, method)).parameters) == want, (kind, method)
+    meta, counts = source.meta(split), source.class_counts(split)
+    assert sum(source.shard_sizes(split, 3)) == meta.num_examples == counts.sum(), kind
+    assert len(counts) == len(source.class_names) == (2 if kind == "folder" else 10), kind
+    labels = [int(e["label"]) for e in source.read(split, 0, 1).as_numpy_iterator()]
+    np.testing.assert_array_equal(np.bincount(labels, minlength=len(counts)), counts)
+    assert source.skipped_images(split) == (), kind
+
+
+class _ProtocolOnly:
+  """A source that lets the pipeline use the members of sources.Source and no other."""
+
+  def __init__(self, source):
+    self._source = source
+
+  def __getattr__(self, name):
+    if name not in _MEMBERS:
+      raise AttributeError(f"the pipeline used {name}, which sources.Source lacks")
+    return getattr(self._source, name)
+
+
+@pytest.mark.parametrize("cache", [True, False], ids=["in_memory", "streamed"])
+def test_the_pipeline_uses_no_member_beyond_the_protocol(dataset, monkeypatch, cache):
+  """dataset_info, class_counts, a train batch and an eval pass, on a source that has the
+  Protocol's members alone: what CONTRIBUTING says a new kind needs is all the pipeline asks."""
+  real = pipeline._source
+  monkeypatch.setattr(pipeline, "_source", lambda cfg: _ProtocolOnly(real(cfg)))
+  cfg = _real_config(dataset, train_split="train[:128]", eval_split="test[:70]", cache=cache)
+  assert data.dataset_info(cfg).num_classes == 10 and data.class_counts(cfg).sum() == 128
+  assert _take(_train(cfg), 1)[0]["image"].shape[0] == BATCH
+  batches = list(data.eval_iterator(cfg, global_batch_size=BATCH, sharding=_sharding()))
+  assert sum(float(np.asarray(b["mask"]).sum()) for b in batches) == 70
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("./no_such_folder", "folder"), ("/no/such/folder", "folder"), ("~/no_such", "folder"),
+    ("gs://bucket/images", "folder"), ("task:vtab1k/cifar100", "task"),
+    ("fashion_mnist", "tfds"), ("mnist:3.0.1", "tfds")])
+def test_a_name_spelled_as_a_path_is_a_folder_there_or_not(name, kind):
+  """One folder test for every caller (data/config.is_folder): a path, there or not, is a
+  folder, so that a missing one is refused as a folder (not looked up as a dataset); a bare
+  name is a dataset unless it is a directory here."""
+  assert sources.kind_of(name) == kind
+  assert data_config.is_folder(name) == (kind == "folder")
+
+
+def test_a_transfer_task_of_a_missing_folder_is_refused_as_a_folder(tmp_path):
+  """vit-transfer --suite ./no_such_folder: a custom task named by the folder's absolute path,
+  whose source says the directory is not there (tasks.py asked the file system, unlike the
+  sources: it called the name an unknown task or suite)."""
+  missing = str(tmp_path / "no_such_folder")
+  [task] = tasks.resolve_or_custom(missing)
+  assert (task.name, task.suite, task.tfds_name) == (missing, "custom", missing)
+  with pytest.raises(data.DataOptionError, match="is not a directory"):
+    sources.get_source(task.tfds_name, None, False, "fail")

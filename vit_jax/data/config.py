@@ -1,5 +1,6 @@
 """Defaults and validation of the `config.data` sub-config."""
 import numbers
+import os
 
 import ml_collections
 
@@ -66,6 +67,13 @@ def get_data_config() -> ml_collections.ConfigDict:
   # classes are used and files of other classes skipped. False: such folders are an error.
   c.allow_class_mismatch = False
   return c
+
+
+def is_folder(name: str) -> bool:
+  """Whether data.name names an image folder rather than a TFDS dataset: a name spelled as a
+  path (/, ., ~, a URL's ://), there or not (a missing one is then refused as a folder that is
+  not there, not looked up as a dataset), or a bare name that is a directory here."""
+  return name.startswith(("/", ".", "~")) or "://" in name or os.path.isdir(name)
 
 
 def _check(ok: bool, field: str, value, why: str) -> None:

@@ -1,8 +1,9 @@
-"""Where examples come from: a TFDS dataset or an image folder.
+"""Where examples come from: a TFDS dataset, a transfer task's, or an image folder.
 
-A source hands out one process's shard of a split as a tf.data.Dataset of
+A source (`Source`) hands out one process's shard of a split as a tf.data.Dataset of
 {'image': encoded image bytes, 'label': int64} in a fixed order, and the size
-of every process's shard, so that no process needs to ask the others.
+of every process's shard, so that no process needs to ask the others. `KINDS` says which
+kind of source a data.name is: a new kind is a class with Source's members and a row there.
 """
 import dataclasses
 import difflib
@@ -11,7 +12,7 @@ import math
 import os
 import random
 import re
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 from absl import logging
 import numpy as np
@@ -22,6 +23,7 @@ from vit_jax.config_errors import InputError
 from vit_jax.data import fashion_mnist
 from vit_jax.data import preprocess
 from vit_jax.data import tasks
+from vit_jax.data.config import is_folder
 
 # How a user sets each data option, in the config's terms. A command line with flags of its
 # own words the same errors in its terms: DataOptionError.worded (vit_jax/tools/fewshot.py).
@@ -62,9 +64,30 @@ class SplitMeta:
   num_bytes: int  # Encoded size.
 
 
-def is_folder(name: str) -> bool:
-  """Whether data.name names a directory rather than a TFDS dataset."""
-  return name.startswith(("/", ".", "~")) or "://" in name or os.path.isdir(name)
+class Source(Protocol):
+  """One data.name's examples: every member the pipeline, the evaluators and vit-transfer's
+  checks use (tests/test_data.py holds each row of KINDS to it, and the pipeline to it)."""
+  name: str  # data.name as given: what messages name.
+  channels: int  # Of the decoded images (1: grayscale, made RGB by the pipeline).
+
+  @property
+  def class_names(self) -> tuple[str, ...]:
+    """The label's classes, by index."""
+
+  def meta(self, split: str) -> SplitMeta:
+    """The split's size; ValueError naming it where there is no such split."""
+
+  def shard_sizes(self, split: str, process_count: int) -> list[int]:
+    """Examples of each process's shard, known to every process without asking."""
+
+  def read(self, split: str, process_index: int, process_count: int) -> tf.data.Dataset:
+    """A process's shard: {'image': encoded bytes, 'label': int64}, in a fixed order."""
+
+  def skipped_images(self, split: str) -> tuple[str, ...]:
+    """The split's files left out (undecodable, outside a class folder); () if none can be."""
+
+  def class_counts(self, split: str) -> np.ndarray:
+    """Examples per class of the split, its images not decoded."""
 
 
 def _supervised_keys(info: tfds.core.DatasetInfo, name: str) -> tuple[str, tuple[str, ...]]:
@@ -370,18 +393,54 @@ def _bincount(labels: tf.data.Dataset, num_classes: int) -> np.ndarray:
   return np.bincount(np.concatenate([np.zeros(0, np.int64), *batches]), minlength=num_classes)
 
 
-Source = TfdsSource | FolderSource
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """config.data's fields beside the name; each kind takes those it needs."""
+  data_dir: str | None  # TFDS's.
+  download: bool  # TFDS's.
+  on_bad_image: str  # The rest: FolderSource's.
+  class_split: str = "train"
+  allow_class_mismatch: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+  """A row of KINDS."""
+  claims: Callable[[str], bool]  # Whether a data.name is of this kind.
+  open: Callable[[str, Options], Source]
+
+
+def _folder(root: str, o: Options) -> FolderSource:
+  return FolderSource(root, o.on_bad_image, o.class_split, o.allow_class_mismatch)
+
+
+def _task(name: str, o: Options) -> TfdsSource:
+  return TfdsSource(name, o.data_dir, o.download, tasks.get(name.removeprefix(TASK_PREFIX)))
+
+
+def _tfds(name: str, o: Options) -> TfdsSource:
+  return TfdsSource(name, o.data_dir, o.download)
+
+
+# The kinds of data.name, in order: the first that claims a name opens it; TFDS takes the rest.
+KINDS: dict[str, Kind] = {
+    "folder": Kind(is_folder, _folder),
+    "task": Kind(lambda name: name.startswith(TASK_PREFIX), _task),
+    "tfds": Kind(lambda name: True, _tfds),
+}
+
+
+def kind_of(name: str) -> str:
+  """The row of KINDS that opens data.name `name`."""
+  return next(kind for kind, row in KINDS.items() if row.claims(name))
 
 
 @functools.lru_cache(maxsize=None)
 def get_source(name: str, data_dir: str | None, download: bool, on_bad_image: str,
                class_split: str = "train", allow_class_mismatch: bool = False) -> Source:
   """`on_bad_image`, `class_split` and `allow_class_mismatch`: see FolderSource."""
-  if is_folder(name):
-    return FolderSource(name, on_bad_image, class_split, allow_class_mismatch)
-  if name.startswith(TASK_PREFIX):
-    return TfdsSource(name, data_dir, download, tasks.get(name.removeprefix(TASK_PREFIX)))
-  return TfdsSource(name, data_dir, download)
+  options = Options(data_dir, download, on_bad_image, class_split, allow_class_mismatch)
+  return KINDS[kind_of(name)].open(name, options)
 
 
 @functools.lru_cache(maxsize=8)

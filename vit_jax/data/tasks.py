@@ -22,6 +22,8 @@ from typing import Any, Callable, Mapping
 
 from etils import epy
 
+from vit_jax.data import config as data_config
+
 # Loaded at first use: the tasks' table is read while a command checks its arguments (config
 # validation, --list), which should not wait for TensorFlow (seconds) to find a typo.
 with epy.lazy_imports():
@@ -306,7 +308,7 @@ def custom(data_name: str) -> Task:
   <class>/, with VTAB-1k's protocol: the rate chosen from the paper's grid by train[:800] ->
   train[800:1000], then train[:1000] -> test. A folder's task is named by its absolute path,
   which every process of a launched sweep reads alike."""
-  if _is_folder(data_name):
+  if data_config.is_folder(data_name):
     name = data_name if "://" in data_name else os.path.abspath(os.path.expanduser(data_name))
     data_name = name
   else:
@@ -324,10 +326,6 @@ def known_tfds_names() -> list[str]:
   return tfds.list_builders(with_community_datasets=False)
 
 
-def _is_folder(name: str) -> bool:
-  return tf.io.gfile.isdir(os.path.expanduser(name))
-
-
 def resolve_or_custom(spec: str) -> list[Task]:
   """`resolve`, where a name that is no task but a TFDS dataset becomes `custom`."""
   out = []
@@ -335,7 +333,7 @@ def resolve_or_custom(spec: str) -> list[Task]:
     try:
       out += resolve(name)
     except ValueError:
-      if not _is_folder(name) and name.split(":")[0] not in known_tfds_names():
+      if not data_config.is_folder(name) and name.split(":")[0] not in known_tfds_names():
         raise
       out.append(custom(name))
   if not out:
