@@ -53,7 +53,7 @@ def trainable(workdir: pathlib.Path, flags: list[str]) -> int:
              and optimizers.first_match(trained_only, k) is not None)
 
 
-def run(variant: str, flags: list[str], args, data: str) -> dict:
+def train_variant(variant: str, flags: list[str], args, data: str) -> dict:
   from vit_jax.checkpoint import loader, run as run_lib
   last = loader.describe(args.pretrained).model["num_layers"] - 1
   flags = [f.replace("{last}", str(last)) for f in flags]
@@ -85,7 +85,7 @@ def main(argv=None) -> None:
   p.add_argument("--steps", type=int, default=300)
   args = p.parse_args(argv)
   data = helpers.write_digits_folder(pathlib.Path(args.out_dir) / "digits")
-  rows = [run(v, f, args, data) for v, f in VARIANTS.items()]
+  rows = [train_variant(v, f, args, data) for v, f in VARIANTS.items()]
   plain = rows[0]
   print(f"{'variant':44s} {'accuracy':>8s} {'ema acc':>8s} {'trainable':>10s} "
         f"{'peak RSS MiB':>12s} {'x plain':>7s} {'wall s':>7s}")

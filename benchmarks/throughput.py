@@ -70,13 +70,14 @@ def default_peak_tflops(device_kind: str, dtype: str) -> Optional[float]:
   return None
 
 
-def _median_step_s(run: Callable[[int], None], warmup: int, steps: int, repeats: int) -> float:
-  """`run(n)` runs n steps and returns once the device is done."""
-  run(warmup)
+def _median_step_s(do_steps: Callable[[int], None], warmup: int, steps: int,
+                   repeats: int) -> float:
+  """`do_steps(n)` does n steps and returns once the device is done."""
+  do_steps(warmup)
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
-    run(steps)
+    do_steps(steps)
     times.append((time.perf_counter() - start) / steps)
   return statistics.median(times)
 
@@ -138,12 +139,12 @@ def bench_vit_jax(args: argparse.Namespace, model: models.VisionTransformer) -> 
   xla_flops = _xla_flops(lowered)
   out["xla_forward_gflops"] = None if xla_flops is None else xla_flops / args.batch_size / 1e9
 
-  def run_infer(n):
+  def infer_steps(n):
     for _ in range(n):
       logits = infer(params, batch["image"])
     jax.block_until_ready(logits)
 
-  step_s = _median_step_s(run_infer, args.warmup, args.steps, args.repeats)
+  step_s = _median_step_s(infer_steps, args.warmup, args.steps, args.repeats)
   out["phases"]["infer"] = dict(step_s=step_s, compile_s=compile_s, peak_bytes=_jax_peak_bytes(),
                                 xla_estimate_bytes=_xla_estimate_bytes(infer))
   del infer
@@ -179,15 +180,15 @@ def _bench_vit_jax_train(args: argparse.Namespace, model: models.VisionTransform
   holder = {"state": state, "metrics": None}
   del state
 
-  def run_train(n):
+  def train_steps(n):
     for _ in range(n):
       holder["state"], holder["metrics"] = step(holder["state"], batch)
     jax.block_until_ready(holder["state"])
 
-  step_s = _median_step_s(run_train, args.warmup, args.steps, args.repeats)
+  step_s = _median_step_s(train_steps, args.warmup, args.steps, args.repeats)
   if args.profile_dir:
     with jax.profiler.trace(args.profile_dir, create_perfetto_trace=True):
-      run_train(3)
+      train_steps(3)
   loss = float(holder["metrics"]["loss"])
   if not np.isfinite(loss):
     raise FloatingPointError(f"vit_jax training loss is {loss}")
@@ -220,28 +221,28 @@ def _bench_timm_mode(args: argparse.Namespace, name: str, mode: str) -> dict[str
   autocast = lambda: torch.autocast(dev, dtype=torch.bfloat16,  # noqa: E731
                                     enabled=args.dtype == "bfloat16")
 
-  def run_infer(n):
+  def infer_steps(n):
     with torch.inference_mode(), autocast():
       for _ in range(n):
         fwd(x)
     sync()
 
-  def measure(run):
+  def measure(do_steps):
     if dev == "cuda":
       torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    run(1)
+    do_steps(1)
     phase = dict(compile_s=time.perf_counter() - start)
-    phase["step_s"] = _median_step_s(run, args.warmup, args.steps, args.repeats)
+    phase["step_s"] = _median_step_s(do_steps, args.warmup, args.steps, args.repeats)
     phase["peak_bytes"] = torch.cuda.max_memory_allocated() if dev == "cuda" else None
     return phase
 
   model.eval()
-  phases = {"infer": measure(run_infer)}
+  phases = {"infer": measure(infer_steps)}
   model.train()
   opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, fused=dev == "cuda")
 
-  def run_train(n):
+  def train_steps(n):
     for _ in range(n):
       with autocast():
         loss = torch.nn.functional.cross_entropy(fwd(x).float(), y)
@@ -251,7 +252,7 @@ def _bench_timm_mode(args: argparse.Namespace, name: str, mode: str) -> dict[str
       opt.zero_grad(set_to_none=True)
     sync()
 
-  phases["train"] = measure(run_train)
+  phases["train"] = measure(train_steps)
   return phases
 
 
