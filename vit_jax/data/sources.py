@@ -20,10 +20,10 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from vit_jax.config_errors import InputError
+from vit_jax.data import config as data_config
 from vit_jax.data import fashion_mnist
 from vit_jax.data import preprocess
 from vit_jax.data import tasks
-from vit_jax.data.config import is_folder
 
 # How a user sets each data option, in the config's terms. A command line with flags of its
 # own words the same errors in its terms: DataOptionError.worded (vit_jax/tools/fewshot.py).
@@ -424,7 +424,7 @@ def _tfds(name: str, o: Options) -> TfdsSource:
 
 # The kinds of data.name, in order: the first that claims a name opens it; TFDS takes the rest.
 KINDS: dict[str, Kind] = {
-    "folder": Kind(is_folder, _folder),
+    "folder": Kind(data_config.is_folder, _folder),
     "task": Kind(lambda name: name.startswith(TASK_PREFIX), _task),
     "tfds": Kind(lambda name: True, _tfds),
 }

@@ -17,6 +17,7 @@ from vit_jax import configs, models
 from vit_jax.checkpoint import description
 from vit_jax.checkpoint import specs
 from vit_jax.configs import finetune
+from vit_jax.data import config as data_config
 from vit_jax.data import sources, tasks
 
 SELECT, FINAL = "minival", "test"
@@ -145,7 +146,7 @@ def _accumulation(settings: Settings, described: description.Description) -> dic
 def _recipe(task: tasks.Task, described: description.Description) -> str:
   """The finetune config the run starts from (an image folder's: a name of no dataset; the
   run's overrides set its data)."""
-  dataset = "folder" if sources.is_folder(task.tfds_name) else task.tfds_name.split(":")[0]
+  dataset = "folder" if data_config.is_folder(task.tfds_name) else task.tfds_name.split(":")[0]
   return f"finetune:{models.registry.short_name(model_name(described))},{dataset}"
 
 

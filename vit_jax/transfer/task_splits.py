@@ -6,6 +6,7 @@ left to its task's run, which names it if it fails. Refusals are InputErrors in 
 terms (--suite, --lr_grid).
 """
 from vit_jax.config_errors import InputError
+from vit_jax.data import config as data_config
 from vit_jax.data import sources, tasks
 from vit_jax.transfer import protocol
 
@@ -20,7 +21,7 @@ def check(task_list: list[tasks.Task], settings: protocol.Settings) -> None:
     selecting = len(protocol.lr_grid(task, settings)) > 1
     splits = ([task.minitrain, task.minival] if selecting else []) + [task.train, task.test]
     try:
-      if task.suite == "custom" and sources.is_folder(task.tfds_name):
+      if task.suite == "custom" and data_config.is_folder(task.tfds_name):
         _check_folder(task.tfds_name, splits)
       else:
         _check_tfds(task.tfds_name, settings.data_dir, splits)
