@@ -83,6 +83,25 @@ def test_pallas_kernel_equals_the_xla_path(tokens, kv_tokens, dtype, tol):
   assert max(max_errors(value_and_grads(INTERPRETED, q, k, v, dtype), want)) < tol
 
 
+@pytest.mark.parametrize("head_dim", [64, 80])
+def test_the_kernels_query_scale_is_rounded_once_and_stays_16_bit_where_exact(head_dim):
+  """1/sqrt(64) = 1/8: multiplied in bf16, exactly the float32 product rounded once, with no
+  float32 array (which XLA kept for the queries' gradient); 1/sqrt(80) through float32."""
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 197, 3, head_dim)), jnp.bfloat16)
+  want = (x.astype(jnp.float32) / np.sqrt(head_dim)).astype(jnp.bfloat16)
+  np.testing.assert_array_equal(np.asarray(attention._scaled(x), np.float32),
+                                np.asarray(want, np.float32))
+  float32_inside = "f32[" in str(jax.make_jaxpr(attention._scaled)(x))
+  assert float32_inside == (head_dim == 80)
+
+
+def test_the_fused_backward_kernel_takes_all_keys_in_one_block():
+  """One block of keys (ViT's 197, padded to 256): the kernel's dq is whole, accumulated in
+  float32, not per-block bf16 partials XLA sums after it; longer sequences keep 128."""
+  sizes = lambda n: attention._splash_kernel(n, n, n, n, 2, True).kwargs["block_sizes"]  # noqa: E731
+  assert sizes(256).block_kv_dkv == 256 and sizes(640).block_kv_dkv == 128
+
+
 @pytest.mark.slow
 def test_pallas_in_a_vit_under_a_mesh_equals_xla(monkeypatch):
   """The kernel per device's part of the batch (shard_map over the run's mesh of 8): a ViT's

@@ -213,9 +213,13 @@ def _splash_kernel(q_len: int, kv_len: int, q_padded: int, kv_padded: int, heads
   allowed[q_len:] = True
   # Tokens minor in memory: 64-dimensional heads minor would be padded to 128 lanes.
   minor = splash.QKVLayout.SEQ_MINOR
+  # The fused backward kernel writes one partial dq per block of keys, in the inputs' dtype,
+  # which XLA then sums: all keys in one block (up to 512) make it dq itself, accumulated in
+  # float32 and rounded once.
+  kv_dkv = kv_padded if kv_padded <= 4 * PALLAS_BLOCK else PALLAS_BLOCK
   sizes = splash.BlockSizes(
       block_q=PALLAS_BLOCK, block_kv=PALLAS_BLOCK, block_q_dkv=PALLAS_BLOCK,
-      block_kv_dkv=PALLAS_BLOCK, use_fused_bwd_kernel=True,
+      block_kv_dkv=kv_dkv, use_fused_bwd_kernel=True,
       q_layout=minor, k_layout=minor, v_layout=minor)
   return splash.make_splash_mha(masks.MultiHeadMask([masks.NumpyMask(allowed)] * heads),
                                 block_sizes=sizes, head_shards=1, q_seq_shards=1,
@@ -238,8 +242,13 @@ def _unpadded(x, n):
 
 
 def _scaled(x):
-  # The kernel takes the scale in the queries: applied in float32, rounded once (1/8 for 64
-  # dimensions, exact); the queries' gradient takes it too.
+  """The kernel takes the scale in the queries, and the queries' gradient takes it too.
+  1/sqrt(head_dim) a power of two (1/8 for 64 dimensions): multiplied in x's dtype, where it
+  is exact; else applied in float32 and rounded once. (Through float32 for 64 dimensions too,
+  XLA kept and transposed the queries' gradient in float32 in the backward pass.)"""
+  scale = 1.0 / np.sqrt(x.shape[-1])
+  if np.log2(scale) == np.round(np.log2(scale)):
+    return x * jnp.asarray(scale, x.dtype)
   return (x.astype(jnp.float32) / np.sqrt(x.shape[-1])).astype(x.dtype)
 
 
