@@ -283,15 +283,15 @@ def _rows(report: dict[str, Any]) -> list[dict[str, Any]]:
   """One row per (framework, phase), with img/s, MFU, memory and the ratio to timm+compile."""
   batch, peak = report["batch_size"], report["peak_tflops"]
   flops = report["forward_flops_per_image"]
-  runs = {"vit_jax": report["vit_jax"].get("phases", {})}
-  runs.update({f"timm_{m}": ph for m, ph in report.get("timm", {}).items()})
+  by_framework = {"vit_jax": report["vit_jax"].get("phases", {})}
+  by_framework.update({f"timm_{m}": ph for m, ph in report.get("timm", {}).items()})
   rows = []
-  for framework, phases in runs.items():
+  for framework, phases in by_framework.items():
     for phase, r in phases.items():
       img_s = batch / r["step_s"]
       mfu = (img_s * flops * (3 if phase == "train" else 1) / (peak * 1e12)
              if flops and peak else None)
-      ref = runs.get("timm_compile", {}).get(phase)
+      ref = by_framework.get("timm_compile", {}).get(phase)
       ratio = img_s * ref["step_s"] / batch if ref else None
       rows.append(dict(framework=framework, phase=phase, img_per_s=round(img_s, 1),
                        step_ms=round(r["step_s"] * 1e3, 3),

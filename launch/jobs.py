@@ -187,12 +187,12 @@ def execute_on_hosts(slots: list[str], jobs: list[list[str]],
   failed = [f"job {i} (exit status {c})" for i, c in enumerate(ordered) if c]
   # ssh's status when it lost its host, and ours when a job could not start: that job wrote
   # nothing, so a report would be silently partial.
-  unrun = [i for i, c in enumerate(ordered) if c in (_SSH_FAILED, _NOT_STARTED)]
-  if then is not None and not unrun:
+  not_started = [i for i, c in enumerate(ordered) if c in (_SSH_FAILED, _NOT_STARTED)]
+  if then is not None and not not_started:
     ordered.append(_execute("then", command(slots[0], then)))
   if failed:
-    skipped = (f"; --then not run, since job(s) {', '.join(map(str, unrun))} could not run"
-               if then is not None and unrun else "")
+    skipped = (f"; --then not run, since job(s) {', '.join(map(str, not_started))} could not run"
+               if then is not None and not_started else "")
     print(f"error: {len(failed)} of {len(jobs)} jobs failed: {', '.join(failed)}{skipped}",
           file=sys.stderr, flush=True)
   return next((c for c in ordered if c), 0)

@@ -46,8 +46,8 @@ def _require(module: str):
 
 def _signature_names(tflite_file: str) -> dict[str, str]:
   """{TFLite tensor name: signature name} of the serving signature's inputs and outputs."""
-  runner = tflite.signature_runner(tflite_file)
-  details = runner.get_input_details() | runner.get_output_details()
+  signature = tflite.signature_runner(tflite_file)
+  details = signature.get_input_details() | signature.get_output_details()
   return {d["name"]: key for key, d in details.items()}
 
 
