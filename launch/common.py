@@ -14,7 +14,7 @@ from vit_jax import configs
 from vit_jax.checkpoint import workdir_lock
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-LOCAL_HOSTS = ("localhost", "127.0.0.1")  # Run here, without ssh.
+LOCAL_HOSTS = ("localhost", "127.0.0.1")  # Executed here, without ssh.
 
 
 class LaunchError(ValueError):

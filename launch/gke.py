@@ -27,7 +27,7 @@ import subprocess
 import sys
 from typing import Any, Sequence
 
-if __package__ in (None, ""):  # Run as a file: python launch/gke.py.
+if __package__ in (None, ""):  # Started as a file: python launch/gke.py.
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import yaml  # noqa: E402
 

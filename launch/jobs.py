@@ -34,7 +34,7 @@ import sys
 import threading
 from typing import Callable, Sequence
 
-if __package__ in (None, ""):  # Run as a file: python launch/jobs.py.
+if __package__ in (None, ""):  # Started as a file: python launch/jobs.py.
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from launch import common, tpu_vm  # noqa: E402
 from launch.common import LaunchError  # noqa: E402
@@ -151,7 +151,7 @@ def _execute(prefix: str, cmd: list[str]) -> int:
   try:
     p = subprocess.Popen(cmd, cwd=common.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          stdin=subprocess.DEVNULL, text=True, errors="replace")
-  except OSError as e:  # No such program (ssh, the Python): this job fails, the others run.
+  except OSError as e:  # No such program (ssh, the Python): this job fails, the others go on.
     _say(f"{prefix} could not start: {e}")
     return _NOT_STARTED
   common.stream(f"[{prefix}] ", p.stdout)

@@ -24,7 +24,7 @@ import sys
 import threading
 from typing import Sequence
 
-if __package__ in (None, ""):  # Run as a file: python launch/multihost.py.
+if __package__ in (None, ""):  # Started as a file: python launch/multihost.py.
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from launch import common  # noqa: E402
 from launch.common import LaunchError  # noqa: E402

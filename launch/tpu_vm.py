@@ -42,7 +42,7 @@ import subprocess
 import sys
 from typing import Sequence
 
-if __package__ in (None, ""):  # Run as a file: python launch/tpu_vm.py.
+if __package__ in (None, ""):  # Started as a file: python launch/tpu_vm.py.
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from launch import common, queued, recover  # noqa: E402
 from launch.common import LaunchError  # noqa: E402
@@ -391,7 +391,8 @@ def parser() -> argparse.ArgumentParser:
   sub = p.add_subparsers(dest="command", required=True)
   helps = {"up": "create + setup + start", "create": "create the TPU VM",
            "setup": "copy and install this project on every worker",
-           "start": "start the config's training job on every worker", "logs": "follow a worker's log",
+           "start": "start the config's training job on every worker",
+           "logs": "follow a worker's log",
            "delete": "delete the TPU VM (--queued: the queued resource and its nodes)",
            "watch": "follow a job started by `up --queued`, bringing it back as --recover "
                     "does (the same flags as that `up`)"}

@@ -128,7 +128,7 @@ def dataset_batches(name: str, data_dir: str | None, split: str, image_size: int
                     download: bool = False) -> tuple[Callable, int]:
   """A callable giving one masked pass over `split` of a dataset, preprocessed as the model
   expects, and its class count. Batches hold no more than the split (padded to split over the
-  devices): 20 images are not padded to a batch of 256, each of which the model would run."""
+  devices): 20 images are not padded to a batch of 256, each of which the model would compute."""
   cfg = _data_config(name, data_dir, split, download, image_size=image_size)
   info = data.dataset_info(cfg)
   devices = len(sharding.device_set)

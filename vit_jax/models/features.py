@@ -50,7 +50,7 @@ def forward_intermediates(model: VisionTransformer, params: Any, images: jax.Arr
   patch tokens only; with `prefix_tokens`, (features, prefix) where prefix holds each block's
   class token and registers, (batch, prefix tokens, width) (gap/map pooling: no class token
   unless `class_token`). `norm`: each through the final LayerNorm (none with `fc_norm`, as in
-  timm). `stop_early`: the blocks after the last one asked for are not run.
+  timm). `stop_early`: the blocks after the last one asked for are not computed.
   """
   if output_fmt not in OUTPUT_FMTS:
     raise ValueError(f"output_fmt={output_fmt!r}, expected one of {OUTPUT_FMTS}.")
