@@ -31,7 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import checkpoint, models
+from vit_jax import models
+from vit_jax.checkpoint import loader
 from vit_jax.serving import formats, onnx, predictors, savedmodel, tflite
 
 CHOICES = ("jax", *formats.FORMATS)  # --formats
@@ -55,9 +56,9 @@ def median_call_s(fn: Callable[[], Any], warmup: int, steps: int, repeats: int) 
   return statistics.median(times)
 
 
-def load_model(args: argparse.Namespace) -> checkpoint.Loaded:
+def load_model(args: argparse.Namespace) -> loader.Loaded:
   if args.checkpoint:
-    return checkpoint.load(args.checkpoint, image_size=args.image_size)
+    return loader.load(args.checkpoint, image_size=args.image_size)
   overrides = {"num_layers": args.num_layers} if args.num_layers else {}
   model = models.create_model(args.model, num_classes=args.num_classes,
                               **overrides | dict(args.set))
@@ -71,10 +72,10 @@ def load_model(args: argparse.Namespace) -> checkpoint.Loaded:
   # A random head (initialised to zeros), so that the logits differ and their diffs mean something.
   kernel = params["head"]["kernel"]
   params["head"]["kernel"] = jax.random.normal(jax.random.key(1), kernel.shape) / kernel.shape[0]**.5
-  return checkpoint.Loaded.from_model(model, params, size, f"random {args.model}")
+  return loader.Loaded.from_model(model, params, size, f"random {args.model}")
 
 
-def export(loaded: checkpoint.Loaded, formats: Sequence[str], tmp: str) -> dict[str, Any]:
+def export(loaded: loader.Loaded, formats: Sequence[str], tmp: str) -> dict[str, Any]:
   """{format: (path, seconds to write)}: SavedModel, then TFLite from it, ONNX from that."""
   out, start = {}, time.perf_counter()
   saved = savedmodel.save(loaded, f"{tmp}/saved_model")
@@ -89,7 +90,7 @@ def export(loaded: checkpoint.Loaded, formats: Sequence[str], tmp: str) -> dict[
   return out
 
 
-def bench(args: argparse.Namespace, loaded: checkpoint.Loaded, tmp: str) -> list[dict[str, Any]]:
+def bench(args: argparse.Namespace, loaded: loader.Loaded, tmp: str) -> list[dict[str, Any]]:
   size = loaded.image_size
   images = np.random.default_rng(0).integers(0, 256, (args.batch_size, size, size, 3), np.uint8)
   _log(f"exporting {loaded.summary()}")

@@ -161,11 +161,12 @@ def tiny_npz(tmp_path_factory) -> str:
   test_e2e_explore_notebook.py have a tiny_npz of their own)."""
   import jax
 
-  from vit_jax import checkpoint, models
+  from vit_jax import models
+  from vit_jax.checkpoint import npz
   model = models.create_model("ViT-Ti_16", num_classes=3, **TINY_CONFIG_VIT)
   params = model.init(jax.random.key(0), np.zeros((1, 28, 28, 3), np.float32))["params"]
   path = str(tmp_path_factory.mktemp("transfer") / "tiny.npz")
-  checkpoint.save_npz(path, params)
+  npz.save_npz(path, params)
   return path
 
 

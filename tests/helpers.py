@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
-# checkpoint.POSEMB_KEY, without importing vit_jax here.
+# npz.POSEMB_KEY, without importing vit_jax here.
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 # UCI's optical recognition of handwritten digits (CC BY 4.0), its test set as scikit-learn
 # ships it (`sklearn.datasets.load_digits`): a row per image, 64 pixels in 0-16, then the label.
@@ -217,7 +217,8 @@ def tiny_serving_checkpoint(path, kind: str, num_classes: int = 10, seed: int = 
   logits differ by image and class), written as a released-layout .npz; returns the path."""
   import jax
   import jax.numpy as jnp
-  from vit_jax import checkpoint, models
+  from vit_jax import models
+  from vit_jax.checkpoint import description, loader, npz
   name, size, overrides = TINY_SERVING_MODELS[kind]
   model = models.create_model(name, num_classes=num_classes, **overrides)
   params = model.init(jax.random.key(seed), jnp.zeros((1, size, size, 3)), train=False)["params"]
@@ -236,10 +237,10 @@ def tiny_serving_checkpoint(path, kind: str, num_classes: int = 10, seed: int = 
       lambda p, x: x.at[..., 0].set(0) if re.search(r"Mlp\w*'\]\['Dense_0", jax.tree_util.keystr(p))
       else x, params)
   # What no array shows (the rotary embedding, the GELU, the epsilon) the description tells.
-  described = checkpoint.Description(
+  described = description.Description(
       model={k: overrides[k] for k in models.registry.DESCRIBED if k in overrides},
       image_size=size, num_classes=num_classes)
-  checkpoint.save_npz(str(path), params, None if kind in ("plain", "hybrid") else described)
+  npz.save_npz(str(path), params, None if kind in ("plain", "hybrid") else described)
   return str(path)
 
 
@@ -286,14 +287,14 @@ def assert_finetuning_loads_the_file(command: str, monkeypatch, num_classes: int
   """The command's model takes the file's arrays: what `main` does before its first step."""
   import jax
   import jax.numpy as jnp
-  from vit_jax import checkpoint
+  from vit_jax.checkpoint import description, loader, npz
   from vit_jax.train import run_setup
   c = parse_finetune_command(command, monkeypatch)
-  run_setup.inherit_model_fields(c, checkpoint.describe(c.pretrained))
+  run_setup.inherit_model_fields(c, loader.describe(c.pretrained))
   model = run_setup.build_model(c, num_classes)
   size = c.data.image_size
   abstract = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, size, size, 3)))
-  params = checkpoint.load_params(c.pretrained, abstract["params"], model.posemb_interpolation)
+  params = loader.load_params(c.pretrained, abstract["params"], model.posemb_interpolation)
   assert params["head"]["kernel"].shape[-1] == num_classes
   return c
 
@@ -351,15 +352,16 @@ HUB_PREPROCESSING = dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, crop="central_cro
 def mean_std_npz(tmp_path, dataset) -> str:
   """A checkpoint of the tiny run's model whose description states the Hub's mean and std."""
   import jax
-  from vit_jax import checkpoint, models
+  from vit_jax import models
+  from vit_jax.checkpoint import description, loader, npz
   from vit_jax.train import run_setup
   c = tiny_config(dataset)
   model = run_setup.build_model(c, 10)
   params = model.init(jax.random.key(0), np.zeros((1, 28, 28, 3), np.float32))["params"]
-  described = checkpoint.Description(
+  described = description.Description(
       model=models.registry.described_fields(model), model_name=c.model_name, image_size=28,
-      num_classes=10, preprocessing=checkpoint.Preprocessing(**HUB_PREPROCESSING))
-  checkpoint.save_npz(str(tmp_path / "hub.npz"), params, described)
+      num_classes=10, preprocessing=description.Preprocessing(**HUB_PREPROCESSING))
+  npz.save_npz(str(tmp_path / "hub.npz"), params, described)
   return str(tmp_path / "hub.npz")
 
 
@@ -477,7 +479,8 @@ def write_checkpoint(path, filename: str) -> None:
   """A small .npz with the real key layout, class count and position-embedding grid."""
   import jax
   import jax.numpy as jnp
-  from vit_jax import checkpoint, models
+  from vit_jax import models
+  from vit_jax.checkpoint import description, loader, npz
   from vit_jax.checkpoint import augreg
   adapted = "--" in filename
   ds = filename.split("--")[1].split("-")[0] if adapted else "i21k"
@@ -487,4 +490,4 @@ def write_checkpoint(path, filename: str) -> None:
   shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, size, size, 3)))["params"]
   rng = np.random.default_rng(len(filename))
   params = jax.tree.map(lambda s: rng.normal(0, 0.02, s.shape).astype(np.float32), shapes)
-  checkpoint.save_npz(str(path / f"{filename}.npz"), params)
+  npz.save_npz(str(path / f"{filename}.npz"), params)

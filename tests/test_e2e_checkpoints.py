@@ -16,7 +16,8 @@ import pytest
 
 from helpers import (TOLERANCE, adapted_params, assert_finetuning_loads_the_file, jax_logits,
                      run_cli, run_inspect, tiny_config, tiny_serving_checkpoint)
-from vit_jax import checkpoint, models
+from vit_jax import models
+from vit_jax.checkpoint import errors, loader, npz, run
 from vit_jax.models import lora
 from vit_jax.serving import convert, images, predictors
 from vit_jax.train import loop
@@ -26,19 +27,19 @@ from vit_jax.train import loop
 def test_a_training_run_loads_from_its_workdir_and_step_dir(tmp_path, dataset, monkeypatch):
   monkeypatch.chdir(tmp_path.parent)  # A relative workdir (orbax takes absolute paths only).
   loop.train_and_evaluate(tiny_config(dataset, total_steps=2), tmp_path.name)
-  flat, meta = checkpoint.read_params(tmp_path / "checkpoints" / "2")
+  flat, meta = run.read_params(tmp_path / "checkpoints" / "2")
   assert meta["model_name"] == "ViT-Ti_16"
   for path in (tmp_path, tmp_path / "checkpoints" / "2"):
-    ckpt = checkpoint.load(str(path))
+    ckpt = loader.load(str(path))
     assert ckpt.model.name_in_registry == "ViT-Ti_16" and ckpt.image_size == 28
     assert ckpt.source == str(tmp_path / "checkpoints" / "2")
-    for key, value in checkpoint.flatten(ckpt.params).items():
+    for key, value in npz.flatten(ckpt.params).items():
       np.testing.assert_array_equal(value, flat[key])
   with pytest.raises(ValueError, match=r"^model_name \(--model\) 'ViT-B_16' disagrees with "
                      ".* records the model 'ViT-Ti_16'"):
-    checkpoint.load(str(tmp_path), "ViT-B_16")
+    loader.load(str(tmp_path), "ViT-B_16")
   with pytest.raises(FileNotFoundError, match="No checkpoint at"):
-    checkpoint.load(str(tmp_path / "missing"))
+    loader.load(str(tmp_path / "missing"))
 
 
 @pytest.mark.slow
@@ -86,7 +87,7 @@ def test_a_run_with_an_average_resumes_exactly_and_reads_as_a_checkpoint(tmp_pat
   from vit_jax.train import loop
   base = models.create_model("ViT-Ti_16", num_classes=10, patch_size=7, hidden_size=32,
                              mlp_dim=64, num_heads=2, num_layers=2)
-  checkpoint.save_npz(str(tmp_path / "base.npz"),
+  npz.save_npz(str(tmp_path / "base.npz"),
                       base.init(jax.random.key(3), np.zeros((1, 28, 28, 3), np.float32))["params"])
   fields = {"total_steps": 6, "checkpoint_every_steps": 2, "ema_decay": 0.8,
             "pretrained": str(tmp_path / "base.npz"),
@@ -100,32 +101,32 @@ def test_a_run_with_an_average_resumes_exactly_and_reads_as_a_checkpoint(tmp_pat
   shutil.rmtree(tmp_path / "cut" / "checkpoints" / "6")  # Killed before its last save.
   loop.train_and_evaluate(tiny_config(dataset, **fields), str(tmp_path / "cut"))
   for ema in (False, True):
-    full = checkpoint.read_params(tmp_path / "full" / "checkpoints" / "6", ema=ema)[0]
-    resumed = checkpoint.read_params(tmp_path / "cut" / "checkpoints" / "6", ema=ema)[0]
+    full = run.read_params(tmp_path / "full" / "checkpoints" / "6", ema=ema)[0]
+    resumed = run.read_params(tmp_path / "cut" / "checkpoints" / "6", ema=ema)[0]
     assert set(full) == set(resumed)
     for name, value in full.items():
       np.testing.assert_array_equal(resumed[name], value, err_msg=f"{name} (ema={ema})")
 
-  ema = checkpoint.read_params(tmp_path / "full" / "checkpoints" / "6", ema=True)[0]
-  raw = checkpoint.read_params(tmp_path / "full" / "checkpoints" / "6")[0]
+  ema = run.read_params(tmp_path / "full" / "checkpoints" / "6", ema=True)[0]
+  raw = run.read_params(tmp_path / "full" / "checkpoints" / "6")[0]
   assert not np.array_equal(ema["head/kernel"], raw["head/kernel"])
   # Frozen parameters (LoRA's base included) did not move between steps 2 and 6; the others did.
-  first = checkpoint.read_params(tmp_path / "full" / "checkpoints" / "2")[0]
+  first = run.read_params(tmp_path / "full" / "checkpoints" / "2")[0]
   block = "Transformer/encoderblock_{}/MlpBlock_3/Dense_0/"
   for name in ("embedding/kernel", block.format(0) + "lora_b", block.format(1) + "kernel"):
     np.testing.assert_array_equal(first[name], raw[name])
   for name in ("head/kernel", block.format(1) + "lora_a", block.format(1) + "lora_b"):
     assert not np.array_equal(first[name], raw[name]), name
-  loaded = checkpoint.load(f"ema:{tmp_path / 'full'}")
+  loaded = loader.load(f"ema:{tmp_path / 'full'}")
   assert loaded.source == f"ema:{tmp_path / 'full' / 'checkpoints' / '6'}"
   assert loaded.model.lora_rank == 0 and "lora_rank" not in loaded.description.model
   merged = lora.merge(ema, 4.0 / 2)
-  assert set(checkpoint.flatten(loaded.params)) == set(merged)
-  for name, value in checkpoint.flatten(loaded.params).items():
+  assert set(npz.flatten(loaded.params)) == set(merged)
+  for name, value in npz.flatten(loaded.params).items():
     np.testing.assert_array_equal(value, merged[name], err_msg=name)
-  described = checkpoint.export_npz(f"ema:{tmp_path / 'full'}", str(tmp_path / "ema.npz"))
+  described = loader.export_npz(f"ema:{tmp_path / 'full'}", str(tmp_path / "ema.npz"))
   assert described.exported_from == loaded.source
-  for name, value in checkpoint.load_npz_flat(str(tmp_path / "ema.npz")).items():
+  for name, value in npz.load_npz_flat(str(tmp_path / "ema.npz")).items():
     np.testing.assert_array_equal(value, merged[name], err_msg=name)
 
 
@@ -133,13 +134,13 @@ def test_a_run_with_an_average_resumes_exactly_and_reads_as_a_checkpoint(tmp_pat
 def test_a_run_without_an_average_says_so(tmp_path, dataset):
   from vit_jax.train import loop
   loop.train_and_evaluate(tiny_config(dataset, total_steps=2), str(tmp_path))
-  with pytest.raises(checkpoint.CheckpointError, match="holds no moving average of the "
+  with pytest.raises(errors.CheckpointError, match="holds no moving average of the "
                      "parameters: its run had no config.ema_decay"):
-    checkpoint.load(f"ema:{tmp_path}")
-  with pytest.raises(checkpoint.CheckpointError, match="`ema:` takes a training run's"):
-    checkpoint.load(f"ema:{tmp_path / 'none.npz'}")
-  with pytest.raises(checkpoint.CheckpointError, match="is not a LoRA run"):
-    checkpoint.export_adapters(str(tmp_path), str(tmp_path / "lora.npz"))
+    loader.load(f"ema:{tmp_path}")
+  with pytest.raises(errors.CheckpointError, match="`ema:` takes a training run's"):
+    loader.load(f"ema:{tmp_path / 'none.npz'}")
+  with pytest.raises(errors.CheckpointError, match="is not a LoRA run"):
+    loader.export_adapters(str(tmp_path), str(tmp_path / "lora.npz"))
 
 
 def test_export_cli_writes_each_format(tmp_path, digits_folder):
@@ -155,7 +156,7 @@ def test_export_cli_writes_each_format(tmp_path, digits_folder):
                    r"images\)\n", r.stdout), r.stdout
   predictor = predictors.open_model(str(out))
   assert predictor.image_size == 48
-  loaded = checkpoint.load(path, image_size=48)
+  loaded = loader.load(path, image_size=48)
   files = sorted(glob.glob(os.path.join(digits_folder, "test", "*", "*.png")))[:3]
   batch = np.stack([images.read_image(f, 48) for f in files])
   assert np.abs(predictor(batch) - jax_logits(loaded, batch)).max() <= TOLERANCE["onnx"]
@@ -172,19 +173,19 @@ def lora_run(tmp_path_factory, dataset):
   tmp = tmp_path_factory.mktemp("lora_run")
   fields = dict(patch_size=7, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2)
   base = models.create_model("ViT-Ti_16", num_classes=3, **fields)
-  checkpoint.save_npz(str(tmp / "base.npz"), adapted_params(base, 14))
-  checkpoint.save_npz(str(tmp / "other.npz"), adapted_params(base, 14, seed=2))
+  npz.save_npz(str(tmp / "base.npz"), adapted_params(base, 14))
+  npz.save_npz(str(tmp / "other.npz"), adapted_params(base, 14, seed=2))
   c = tiny_config(dataset, total_steps=3, pretrained=str(tmp / "base.npz"), **{
       "lora.rank": 4, "lora.targets": ("query", "value", "Dense_1")})
   loop.train_and_evaluate(c, str(tmp / "run"))
-  described = checkpoint.export_adapters(str(tmp / "run"), str(tmp / "lora.npz"))
-  return tmp, checkpoint.load(str(tmp / "run")), described
+  described = loader.export_adapters(str(tmp / "run"), str(tmp / "lora.npz"))
+  return tmp, loader.load(str(tmp / "run")), described
 
 
 def assert_same_params(got, want):
-  assert set(checkpoint.flatten(got)) == set(checkpoint.flatten(want))
-  for name, value in checkpoint.flatten(want).items():
-    np.testing.assert_array_equal(checkpoint.flatten(got)[name], value, err_msg=name)
+  assert set(npz.flatten(got)) == set(npz.flatten(want))
+  for name, value in npz.flatten(want).items():
+    np.testing.assert_array_equal(npz.flatten(got)[name], value, err_msg=name)
 
 
 @pytest.mark.slow
@@ -194,13 +195,13 @@ def test_a_lora_runs_adapters_export_alone_and_load_on_their_base(lora_run):
   tmp, merged, described = lora_run
   assert merged.model.lora_rank == 0 and merged.model.num_classes == 10
   assert described.parent == str(tmp / "base.npz")
-  stored = checkpoint.load_npz_flat(str(tmp / "lora.npz"))
+  stored = npz.load_npz_flat(str(tmp / "lora.npz"))
   assert set(stored) == {
-      k for k in checkpoint.read_params(tmp / "run" / "checkpoints" / "3")[0]
+      k for k in run.read_params(tmp / "run" / "checkpoints" / "3")[0]
       if lora.is_adapter(k) or k.startswith("head/")}
   size = lambda flat: sum(v.size for v in flat.values())
-  assert size(stored) < 0.1 * size(checkpoint.flatten(merged.params))
-  on_base = checkpoint.load(str(tmp / "lora.npz"))
+  assert size(stored) < 0.1 * size(npz.flatten(merged.params))
+  on_base = loader.load(str(tmp / "lora.npz"))
   assert on_base.model == merged.model.clone(name_in_registry=on_base.model.name_in_registry)
   assert_same_params(on_base.params, merged.params)
 
@@ -211,26 +212,26 @@ def test_adapters_refuse_another_base_and_find_a_moved_one(lora_run, tmp_path):
   naming both, a missing one says how to point at it, and --base (the library's base=) finds
   a moved one, through a command too."""
   tmp, merged, described = lora_run
-  sha = lambda name: checkpoint.arrays_sha256(checkpoint.load_npz_flat(str(tmp / name)))  # noqa
+  sha = lambda name: npz.arrays_sha256(npz.load_npz_flat(str(tmp / name)))  # noqa
   assert described.parent_sha256 == sha("base.npz")
   adapters = tmp_path / "lora.npz"
   description = described.replace(parent=str(tmp_path / "base.npz"))
-  checkpoint.save_npz(str(adapters), checkpoint.unflatten(checkpoint.load_npz_flat(
+  npz.save_npz(str(adapters), npz.unflatten(npz.load_npz_flat(
       str(tmp / "lora.npz"))), description)
   os.symlink(tmp / "other.npz", tmp_path / "base.npz")
-  with pytest.raises(checkpoint.CheckpointError, match=re.escape(
+  with pytest.raises(errors.CheckpointError, match=re.escape(
       f"{adapters}: its LoRA adapters were trained on {tmp_path}/base.npz (arrays sha256 "
       f"{sha('base.npz')[:12]}), but {tmp_path}/base.npz holds other arrays (sha256 "
       f"{sha('other.npz')[:12]}); give the base they were trained on with --base PATH")):
-    checkpoint.load(str(adapters))
+    loader.load(str(adapters))
   os.remove(tmp_path / "base.npz")
-  with pytest.raises(checkpoint.CheckpointError, match=re.escape(
+  with pytest.raises(errors.CheckpointError, match=re.escape(
       f"the base checkpoint its LoRA adapters were trained on, {tmp_path}/base.npz, is not "
       "there; give the base")):
-    checkpoint.load(str(adapters))
-  moved = checkpoint.load(str(adapters), base=str(tmp / "base.npz"))
+    loader.load(str(adapters))
+  moved = loader.load(str(adapters), base=str(tmp / "base.npz"))
   assert_same_params(moved.params, merged.params)
   from vit_jax.tools import export
   assert export.main([str(adapters), str(tmp_path / "whole.npz"), "--base",
                       str(tmp / "base.npz")]) == 0
-  assert checkpoint.describe(str(tmp_path / "whole.npz")).parent_sha256 == sha("base.npz")
+  assert loader.describe(str(tmp_path / "whole.npz")).parent_sha256 == sha("base.npz")

@@ -12,7 +12,7 @@ import pytest
 
 from helpers import IMAGENET_MEAN, IMAGENET_STD, VALUE_RANGE, tiny_config
 from helpers import mean_std_npz as _mean_std_npz
-from vit_jax import checkpoint
+from vit_jax.checkpoint import description, loader, npz, run
 from vit_jax.tools import predict
 from vit_jax.tools import inspect_checkpoint as inspect_cli
 from vit_jax.checkpoint import run
@@ -47,47 +47,47 @@ def test_images(dataset):
 
 
 def test_a_run_step_records_its_description(workdir, dataset):
-  described = checkpoint.describe(workdir)
+  described = loader.describe(workdir)
   assert described.model_name == "ViT-Ti_16" and described.model["patch_size"] == 7
   assert (described.image_size, described.num_classes, described.step) == (28, 10, 12)
-  assert described.preprocessing == checkpoint.Preprocessing(value_range=VALUE_RANGE)
+  assert described.preprocessing == description.Preprocessing(value_range=VALUE_RANGE)
   assert described.class_names == FASHION_MNIST_CLASSES
   assert (described.output, described.dataset, described.parent) == (
       "softmax", "fashion_mnist", None)
   assert described.config["data"]["value_range"] == list(VALUE_RANGE)
   assert described.assumed == ()
-  step8 = checkpoint.describe(os.path.join(workdir, "checkpoints", "8"))
+  step8 = loader.describe(os.path.join(workdir, "checkpoints", "8"))
   assert step8 == described.replace(step=8)
 
 
 def test_a_step_saved_before_descriptions_is_described_from_its_metadata(workdir):
-  _, meta = checkpoint.read_params(checkpoint.latest_step_dir(workdir))
+  _, meta = run.read_params(run.latest_step_dir(workdir))
   old = {k: v for k, v in meta.items() if k != "description"}
   described = run.step_description(old, 12)
-  assert described == checkpoint.describe(workdir).replace(
+  assert described == loader.describe(workdir).replace(
       class_names=(), config=None)
 
 
 def test_export_npz_carries_the_description_and_only_the_released_arrays(workdir, tmp_path):
   out = str(tmp_path / "run.npz")
-  described = checkpoint.export_npz(workdir, out)
-  step_dir = str(checkpoint.latest_step_dir(workdir))
-  assert described == checkpoint.describe(workdir).replace(exported_from=step_dir)
-  assert checkpoint.describe(out) == described
-  flat, _ = checkpoint.read_params(step_dir)
-  exported = checkpoint.load_npz_flat(out)
+  described = loader.export_npz(workdir, out)
+  step_dir = str(run.latest_step_dir(workdir))
+  assert described == loader.describe(workdir).replace(exported_from=step_dir)
+  assert loader.describe(out) == described
+  flat, _ = run.read_params(step_dir)
+  exported = npz.load_npz_flat(out)
   assert exported.keys() == flat.keys()  # The description is no parameter.
   for k, v in flat.items():
     np.testing.assert_array_equal(exported[k], v)
   # Readers of the released layout that load every entry (the official code) get a string.
-  assert str(np.load(out)[checkpoint.description.DESCRIPTION_KEY]) == described.to_json()
+  assert str(np.load(out)[description.DESCRIPTION_KEY]) == described.to_json()
 
 
 @pytest.mark.slow
 def test_exported_models_apply_the_value_range_the_run_was_trained_with(
     workdir, test_images, tmp_path, capsys):
   uint8, x = test_images
-  loaded = checkpoint.load(workdir)
+  loaded = loader.load(workdir)
   want = np.asarray(loaded.model.apply({"params": loaded.params}, x, train=False))
   wrong = pp.value_range(uint8, -1.0, 1.0).numpy()  # What exports used to feed the model.
   assert np.abs(np.asarray(loaded.model.apply({"params": loaded.params}, wrong)) - want).max() > 0.1
@@ -132,11 +132,11 @@ def test_fine_tuning_takes_the_value_range_of_its_starting_checkpoint(workdir, d
                                                                       tmp_path):
   c = tiny_config(dataset, total_steps=2, pretrained=workdir)
   loop.train_and_evaluate(c, str(tmp_path / "ft"))
-  described = checkpoint.describe(str(tmp_path / "ft"))
+  described = loader.describe(str(tmp_path / "ft"))
   assert described.preprocessing.value_range == VALUE_RANGE and described.parent == workdir
   c = tiny_config(dataset, total_steps=2, pretrained=workdir,
                   **{"data.value_range": (-1.0, 1.0)})
-  with pytest.raises(checkpoint.DescriptionMismatch,
+  with pytest.raises(description.DescriptionMismatch,
                      match=r"config.data.value_range \(-1.0, 1.0\) disagrees with .* \(0.0, 1.0\)"):
     loop.train_and_evaluate(c, str(tmp_path / "ft2"))
 
@@ -146,6 +146,6 @@ def test_a_run_fine_tuned_from_mean_and_std_trains_and_is_described_so(tmp_path,
   path = _mean_std_npz(tmp_path, dataset)
   loop.train_and_evaluate(tiny_config(dataset, total_steps=2, pretrained=path),
                           str(tmp_path / "ft"))
-  described = checkpoint.describe(str(tmp_path / "ft")).preprocessing
+  described = loader.describe(str(tmp_path / "ft")).preprocessing
   assert (described.mean, described.std, described.value_range) == (IMAGENET_MEAN,
                                                                       IMAGENET_STD, None)

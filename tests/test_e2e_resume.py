@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from helpers import REPO, cli, cpu_env, read_scalars, run_cli, tiny_config
-from vit_jax import checkpoint
+from vit_jax.checkpoint import errors
 from vit_jax.train import loop
 
 
@@ -83,7 +83,7 @@ def test_a_changed_optimizer_or_batch_is_refused_naming_each_field(tmp_path, dat
   shutil.copytree(reference[0], workdir)
   changed = tiny_config(dataset, total_steps=28, batch_size=16,
                         **{"optimizer.name": "sgd", "optimizer.lr": 0.1})
-  with pytest.raises(checkpoint.CheckpointError) as e:
+  with pytest.raises(errors.CheckpointError) as e:
     loop.train_and_evaluate(changed, str(workdir))
   message = str(e.value)
   for line in ("trajectory.batch_size: checkpoint 32, config 16",

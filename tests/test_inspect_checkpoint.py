@@ -13,7 +13,8 @@ from PIL import Image
 
 from helpers import (REPO, assert_finetuning_loads_the_file, big_vision_layout, cpu_env,
                      new_flax_layout, random_params, run_inspect)
-from vit_jax import checkpoint, explore, inspection, models
+from vit_jax import explore, inspection, models
+from vit_jax.checkpoint import loader, npz
 from vit_jax.tools import inspect_checkpoint as inspect_cli
 
 
@@ -30,13 +31,13 @@ def tiny(tmp_path_factory):
   root = tmp_path_factory.mktemp("inspect")
   trained, zero = root / "tiny.npz", root / "tiny_zero_head.npz"
   params = random_params(model, 28)
-  checkpoint.save_npz(str(trained), params)
-  checkpoint.save_npz(str(zero), model.init(jax.random.key(0), jnp.zeros((1, 28, 28, 3)))["params"])
-  return str(trained), str(zero), checkpoint.flatten(params)
+  npz.save_npz(str(trained), params)
+  npz.save_npz(str(zero), model.init(jax.random.key(0), jnp.zeros((1, 28, 28, 3)))["params"])
+  return str(trained), str(zero), npz.flatten(params)
 
 
 def test_the_model_distance_averages_over_all_images_in_any_batch_size(tiny):
-  ckpt = checkpoint.load(tiny[0])
+  ckpt = loader.load(tiny[0])
   images = np.random.default_rng(0).uniform(-1, 1, (5, 28, 28, 3)).astype(np.float32)
   _, attention = explore.predict(ckpt, images)
   direct = explore.mean_attention_distance(attention, ckpt.grid, 7, True)
@@ -109,7 +110,7 @@ def test_a_registry_model_is_named_and_counted(tmp_path, capsys, monkeypatch):
   """ViT-Ti_16 at 224 px with 1,000 classes: the paper's 5,717,416 parameters."""
   model = models.create_model("ViT-Ti_16", num_classes=1000)
   shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 224, 224, 3)))["params"]
-  checkpoint.save_npz(str(tmp_path / "ti.npz"),
+  npz.save_npz(str(tmp_path / "ti.npz"),
                       jax.tree.map(lambda s: np.zeros(s.shape, np.float32), shapes))
   rc, out, _ = run_inspect(capsys, tmp_path / "ti.npz", "--model", "ti16")
   assert rc == 0 and "model          ViT-Ti_16\n" in out
@@ -123,7 +124,7 @@ def test_a_registry_model_is_named_and_counted(tmp_path, capsys, monkeypatch):
 
 def test_a_hybrid_and_its_finetuning_overrides(tmp_path, capsys, monkeypatch):
   model = models.create_model("R26+ViT-S_32", num_classes=7, classifier="gap", **HYBRID_TINY)
-  checkpoint.save_npz(str(tmp_path / "h.npz"), random_params(model, 64))
+  npz.save_npz(str(tmp_path / "h.npz"), random_params(model, 64))
   rc, out, _ = run_inspect(capsys, tmp_path / "h.npz", "--figures", tmp_path / "figures")
   assert rc == 0
   assert "1 on the features of a ResNet stem with stages (1, 1, 1, 1): tokens of 32 px" in out
@@ -141,7 +142,7 @@ def test_a_hybrid_and_its_finetuning_overrides(tmp_path, capsys, monkeypatch):
 
 def test_register_tokens_are_in_the_finetuning_command(tmp_path, capsys, monkeypatch):
   model = models.create_model("ViT-Ti_16", num_classes=10, num_registers=2, **TINY)
-  checkpoint.save_npz(str(tmp_path / "r.npz"), random_params(model, 28))
+  npz.save_npz(str(tmp_path / "r.npz"), random_params(model, 28))
   rc, out, _ = run_inspect(capsys, tmp_path / "r.npz")
   command = out.split("fine-tune      ")[1].splitlines()[0]
   assert rc == 0 and "--config.model.num_registers=2" in command

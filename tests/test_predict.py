@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from helpers import run_cli, tiny_serving_checkpoint
-from vit_jax import checkpoint
+from vit_jax.checkpoint import description, loader
 from vit_jax.tools import predict
 from vit_jax.serving import convert, images, labels, predictors
 
@@ -76,7 +76,7 @@ def test_read_image_resizes_with_the_described_interpolation(photo_dir):
   decoded = tf.io.decode_image(tf.io.read_file(path), 3)
   got = {}
   for method in ("bilinear", "bicubic"):
-    got[method] = images.read_image(path, 32, checkpoint.Preprocessing(interpolation=method))
+    got[method] = images.read_image(path, 32, description.Preprocessing(interpolation=method))
     want = images.to_uint8(tf.image.resize(decoded, [32, 32], method, antialias=True))
     np.testing.assert_array_equal(got[method], want.numpy())
   assert (got["bilinear"] != got["bicubic"]).any()
@@ -116,7 +116,7 @@ def test_predict_writes_top_k_and_lists_unreadable_images(model_npz, photo_dir, 
       "Images that failed (2):", lines[1].replace("Skipping unreadable image", " ", 1),
       lines[2].replace("Skipping unreadable image", " ", 1)], err
   # The rows hold the model's own top-3, in order, with softmax probabilities.
-  loaded = checkpoint.load(model_npz)
+  loaded = loader.load(model_npz)
   batch = np.stack([images.read_image(r["path"], loaded.image_size) for r in rows])
   probs = labels.probabilities(predictors.jax_predictor(loaded)(batch))
   for row, p in zip(rows, probs):
@@ -126,7 +126,7 @@ def test_predict_writes_top_k_and_lists_unreadable_images(model_npz, photo_dir, 
 
 
 def test_predict_with_an_exported_model_matches_jax(model_npz, photo_dir, tmp_path, capsys):
-  onnx_file = convert.write(checkpoint.load(model_npz), str(tmp_path / "model.onnx"), "onnx")
+  onnx_file = convert.write(loader.load(model_npz), str(tmp_path / "model.onnx"), "onnx")
   results = {}
   for model in (model_npz, onnx_file):
     assert predict.main([model, str(photo_dir / "digit*.png"), "--sigmoid"]) == 0

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from helpers import TINY_SERVING_MODELS, TOLERANCE, jax_logits, tiny_serving_checkpoint
-from vit_jax import checkpoint
+from vit_jax.checkpoint import description, loader, npz as npz_lib
 from vit_jax.serving import convert, formats, images, onnx, predictors, savedmodel, tflite
 
 
@@ -27,7 +27,7 @@ def export_kind(tmp_path_factory, digits_folder):
   def export(kind):
     if kind not in done:
       tmp = tmp_path_factory.mktemp(f"serving_{kind}")
-      loaded = checkpoint.load(tiny_serving_checkpoint(tmp / "model.npz", kind))
+      loaded = loader.load(tiny_serving_checkpoint(tmp / "model.npz", kind))
       paths = {"savedmodel": savedmodel.save(loaded, str(tmp / "saved_model"))}
       paths["tflite"] = tflite.from_savedmodel(paths["savedmodel"], str(tmp / "model.tflite"))
       paths["onnx"] = onnx.from_tflite(paths["tflite"], str(tmp / "model.onnx"))
@@ -155,12 +155,12 @@ def test_savedmodel_and_jax_predictor_normalise_by_the_described_mean_and_std(tm
   """A checkpoint from the Hub states mean and std (and bicubic resizing): the exported
   signature and the JAX predictor both give the logits of (uint8 / 255 - mean) / std."""
   mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
-  plain = checkpoint.load(tiny_serving_checkpoint(tmp_path / "plain.npz", "plain"))
-  pre = checkpoint.Preprocessing(mean=tuple(mean), std=tuple(std), interpolation="bicubic")
+  plain = loader.load(tiny_serving_checkpoint(tmp_path / "plain.npz", "plain"))
+  pre = description.Preprocessing(mean=tuple(mean), std=tuple(std), interpolation="bicubic")
   path = str(tmp_path / "hub.npz")
-  checkpoint.save_npz(path, plain.params, plain.description.replace(preprocessing=pre,
+  npz_lib.save_npz(path, plain.params, plain.description.replace(preprocessing=pre,
                                                                      assumed=()))
-  loaded = checkpoint.load(path)
+  loaded = loader.load(path)
   assert loaded.description.preprocessing == pre
   files = sorted(glob.glob(os.path.join(digits_folder, "test", "*", "*.png")))[::40][:7]
   batch = np.stack([images.read_image(f, loaded.image_size, pre) for f in files])
@@ -177,9 +177,9 @@ def test_savedmodel_and_jax_predictor_normalise_by_the_described_mean_and_std(tm
 def test_headless_models_and_unknown_formats_are_refused(tmp_path):
   path = tiny_serving_checkpoint(tmp_path / "model.npz", "plain")
   with pytest.raises(ValueError, match="no classification head"):
-    savedmodel.serving_module(checkpoint.load(path, head=False))
+    savedmodel.serving_module(loader.load(path, head=False))
   with pytest.raises(ValueError, match="use one of savedmodel, tflite, onnx"):
-    convert.write(checkpoint.load(path), str(tmp_path / "x"), "torchscript")
+    convert.write(loader.load(path), str(tmp_path / "x"), "torchscript")
 
 
 def test_inspect_opens_each_format_and_refuses_a_truncated_one(export_kind, tmp_path, capsys):
@@ -236,7 +236,7 @@ def test_export_replaces_a_file_only_where_it_wrote_it(export_kind, tmp_path):
   shutil.copy(paths["tflite"], ours["tflite"])
   tflite.write_description(ours["tflite"], loaded.description)
   onnx.from_tflite(paths["tflite"], ours["onnx"], loaded.description)
-  checkpoint.save_npz(ours["npz"], loaded.params, loaded.description)
+  npz_lib.save_npz(ours["npz"], loaded.params, loaded.description)
   assert all(export.written_by_export(path, fmt) for fmt, path in ours.items())
   users = tmp_path / "notes.npz"
   users.write_text("mine")

@@ -1,7 +1,7 @@
 """What `vit-inspect` reports on a checkpoint, as a JSON-ready dict: its model (the registry
 name nearest it, or its fields), resolution, head and size, its description, and the
 fine-tuning command that fits it. Reading it takes one read of the checkpoint
-(checkpoint.open_checkpoint), which also gives the loaded model for the figures.
+(loader.open_checkpoint), which also gives the loaded model for the figures.
 """
 import shlex
 from typing import Any
@@ -9,7 +9,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from vit_jax import checkpoint, models
+from vit_jax import models
+from vit_jax.checkpoint import loader
 from vit_jax.configs import finetune
 from vit_jax.models import registry
 
@@ -30,7 +31,7 @@ def _flag_value(value: Any) -> str:
   return str(value)
 
 
-def finetune_command(ckpt: checkpoint.Loaded, path: str, dataset: str = "cifar10") -> str:
+def finetune_command(ckpt: loader.Loaded, path: str, dataset: str = "cifar10") -> str:
   """`vit-train` with the finetune config on `dataset`, starting from `path`: the registry
   model nearest the file, and overrides for every field that differs where the file does not
   describe its model (a file that does gives it to the run)."""
@@ -63,14 +64,14 @@ def _head(flat: dict[str, np.ndarray]) -> str:
 
 
 def report(path: str, model_name: str | None = None, dataset: str = "cifar10",
-           base: str | None = None) -> tuple[dict[str, Any], checkpoint.Loaded]:
+           base: str | None = None) -> tuple[dict[str, Any], loader.Loaded]:
   """The report on `path` (a JSON-ready dict) and the loaded checkpoint (`base`: a LoRA
   adapters file's moved base)."""
-  opened = checkpoint.open_checkpoint(path, base)  # Read once: the report and the model.
+  opened = loader.open_checkpoint(path, base)  # Read once: the report and the model.
   flat, described, source = opened.flat, opened.description, opened.source
   if model_name:
     model_name = registry.resolve_name(model_name)
-  ckpt = checkpoint.from_opened(opened, model_name)
+  ckpt = loader.from_opened(opened, model_name)
   m = ckpt.model
   head = _head(flat)
   return {

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from vit_jax import checkpoint
+from vit_jax.checkpoint import loader
 from vit_jax.serving import formats, predictors
 
 # How far an exported model's logits may be from JAX's, as a fraction of the logits' scale
@@ -27,11 +27,11 @@ class Mismatch(RuntimeError):
 
 
 class Exported(NamedTuple):
-  loaded: checkpoint.Loaded  # The model as JAX runs it.
+  loaded: loader.Loaded  # The model as JAX runs it.
   max_diff: float  # Max |logit difference| from JAX in the format's runtime, on CHECK_IMAGES.
 
 
-def write(loaded: checkpoint.Loaded, out: str, fmt: str, **kwargs) -> str:
+def write(loaded: loader.Loaded, out: str, fmt: str, **kwargs) -> str:
   """Writes `loaded` as `fmt` to `out` (a folder for a SavedModel, else a file); `kwargs`
   go to savedmodel.serving_module (platforms). Returns `out`."""
   module = formats.module(fmt)
@@ -40,7 +40,7 @@ def write(loaded: checkpoint.Loaded, out: str, fmt: str, **kwargs) -> str:
   return out
 
 
-def check(loaded: checkpoint.Loaded, out: str, num_images: int = CHECK_IMAGES) -> float:
+def check(loaded: loader.Loaded, out: str, num_images: int = CHECK_IMAGES) -> float:
   """Runs the exported model at `out` in its runtime and `loaded` in JAX on the same random
   uint8 images; returns the max |logit difference|, or raises Mismatch (a NaN, another shape,
   a difference over TOLERANCE of the logits' scale, a model its runtime cannot run)."""
@@ -87,7 +87,7 @@ def export(path: str, out: str, fmt: str, model_name: str | None = None,
   """Writes the checkpoint at `path` as `fmt` to `out` (at `image_size`, the position
   embedding resized; `model_name` checked against the file; `base` a LoRA adapters file's
   moved base) and checks it (`check`): on a mismatch `out` is removed and Mismatch raised."""
-  loaded = checkpoint.load(path, model_name, image_size=image_size, base=base)
+  loaded = loader.load(path, model_name, image_size=image_size, base=base)
   loaded.description = loaded.description.replace(exported_from=loaded.source)
   existed = os.path.isdir(out)
   write(loaded, out, fmt)

@@ -10,13 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from vit_jax import checkpoint
+from vit_jax.checkpoint import loader
 from vit_jax.models import footprint
 from vit_jax.serving import formats
 from vit_jax.serving.formats import Predictor
 
 
-def jax_predictor(loaded: checkpoint.Loaded) -> Predictor:
+def jax_predictor(loaded: loader.Loaded) -> Predictor:
   """The checkpoint's model under jax.jit, with the serving signature's preprocessing."""
   scale, offset = (np.asarray(v, np.float32) for v in loaded.description.preprocessing.affine())
   model, devices = loaded.model, jax.local_devices()
@@ -51,7 +51,7 @@ def jax_predictor(loaded: checkpoint.Loaded) -> Predictor:
 
 def open_model(path: str, num_threads: int | None = None, **load_kwargs) -> Predictor:
   """A Predictor for an exported model (`num_threads`: its runtime's, where it takes one) or any
-  checkpoint (`load_kwargs` go to checkpoint.load)."""
+  checkpoint (`load_kwargs` go to loader.load)."""
   fmt = formats.format_of(path)
   if fmt is not None:
     if load_kwargs:
@@ -63,4 +63,4 @@ def open_model(path: str, num_threads: int | None = None, **load_kwargs) -> Pred
       first = (str(e).strip().splitlines() or [""])[0][:300]
       raise ValueError(f"{path}: the exported {fmt} model cannot be opened, so it is truncated "
                        f"or damaged ({type(e).__name__}: {first}); export it again") from e
-  return jax_predictor(checkpoint.load(path, **load_kwargs))
+  return jax_predictor(loader.load(path, **load_kwargs))

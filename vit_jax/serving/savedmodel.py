@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from etils import epath, epy
 
-from vit_jax import checkpoint
+from vit_jax.checkpoint import loader
 from vit_jax.serving import formats
 
 with epy.lazy_imports():  # Telling a SavedModel and reading its description need neither.
@@ -34,7 +34,7 @@ OUTPUTS = ("logits", "top5")
 PLATFORMS = ("cpu", "cuda", "tpu")
 
 
-def _check_servable(loaded: checkpoint.Loaded) -> None:
+def _check_servable(loaded: loader.Loaded) -> None:
   if not loaded.model.num_classes:
     raise ValueError(f"{loaded.source} has no classification head: a served model returns "
                      "logits, so export a checkpoint with a head (head=True).")
@@ -47,7 +47,7 @@ def holds(path: str) -> bool:
   return (epath.Path(path) / "saved_model.pb").exists()
 
 
-def serving_module(loaded: checkpoint.Loaded,
+def serving_module(loaded: loader.Loaded,
                    platforms: Sequence[str] = PLATFORMS) -> "tf.Module":
   """A tf.Module with the params as variables and `serve`, the serving signature."""
   _check_servable(loaded)
@@ -71,7 +71,7 @@ def serving_module(loaded: checkpoint.Loaded,
   return module
 
 
-def save(loaded: checkpoint.Loaded, out_dir: str, **kwargs) -> str:
+def save(loaded: loader.Loaded, out_dir: str, **kwargs) -> str:
   """Writes `loaded` as a SavedModel with the serving signature and its description;
   returns `out_dir`."""
   module = serving_module(loaded, **kwargs)
@@ -83,7 +83,7 @@ def save(loaded: checkpoint.Loaded, out_dir: str, **kwargs) -> str:
   return out_dir
 
 
-def write(loaded: checkpoint.Loaded, out: str, scratch: str, **kwargs) -> None:
+def write(loaded: loader.Loaded, out: str, scratch: str, **kwargs) -> None:
   del scratch  # Written directly.
   save(loaded, out, **kwargs)
 

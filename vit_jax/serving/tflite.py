@@ -13,7 +13,7 @@ import os
 
 from etils import epath, epy
 
-from vit_jax import checkpoint
+from vit_jax.checkpoint import loader
 from vit_jax.checkpoint.description import Description
 from vit_jax.serving import formats, savedmodel
 
@@ -44,7 +44,7 @@ def from_savedmodel(saved_model_dir: str, out_file: str) -> str:
   return out_file
 
 
-def write(loaded: checkpoint.Loaded, out: str, scratch: str, **kwargs) -> None:
+def write(loaded: loader.Loaded, out: str, scratch: str, **kwargs) -> None:
   saved = savedmodel.save(loaded, os.path.join(scratch, "saved_model"), **kwargs)
   from_savedmodel(saved, out)
   write_description(out, loaded.description)
