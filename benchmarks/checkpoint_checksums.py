@@ -15,7 +15,6 @@ import jax
 
 from vit_jax import models
 from vit_jax.checkpoint import description, run
-from vit_jax.checkpoint import run
 from vit_jax.train import optimizers, sharding, trainer
 
 

@@ -17,7 +17,7 @@ import orbax.checkpoint as ocp
 from clu import metric_writers, periodic_actions
 
 from vit_jax import cpu_backend, data, goodput
-from vit_jax.checkpoint import loader, run
+from vit_jax.checkpoint import errors, loader, run
 from vit_jax.evaluators import registry as evaluators
 from vit_jax.train import run_setup, stop_signals, trainer, watchdog
 
@@ -50,7 +50,7 @@ def _restore_or_init(setup: run_setup.RunSetup, rng: jax.Array
     run.check_resumable(found, setup.meta, setup.workdir, c.allow_resume_changes)
     logging.info("Resumed from %s at step %d.", setup.workdir, start)
   elif c.pretrained:
-    raise run.CheckpointError(
+    raise errors.CheckpointError(
         f"No checkpoint in {setup.workdir} could be restored (all set aside as STEP.corrupt); "
         f"rerun to start again from {c.pretrained}.")
   return manager, state, shardings, start
