@@ -9,7 +9,7 @@ CHECKPOINT: a training run's workdir (its latest step), one of its step director
 pre-trained on ImageNet-21k, as a released-layout .npz). Every format carries the
 checkpoint's description (model, resolution, input value range and crop, classes, origin),
 which `vit-inspect` prints and predict, few-shot and fine-tuning read.
-  npz (default): the params in the original layout, which `checkpoint.load_npz`, timm's
+  npz (default): the params in the original layout, which `npz.load_npz`, timm's
     `_load_weights` and the official code read; its model is printed, for `--model`. A LoRA
     run's adapters come merged into their kernels.
   adapters: a LoRA run's adapters and head alone, a small .npz that every command reads
@@ -31,7 +31,6 @@ import sys
 
 import numpy as np
 
-from vit_jax import checkpoint  # Its names load when used: a refusal waits for no JAX.
 from vit_jax.checkpoint import description
 from vit_jax.serving import formats
 from vit_jax.tools import cli, logs
@@ -90,10 +89,11 @@ def main(argv: list[str]) -> int:
              "carries no vit_jax description), and exporting would replace it: give another "
              "path, or delete it first")
   logs.route_logs(verbose=args.verbose)
+  from vit_jax.checkpoint import loader  # JAX and orbax: after the checks.
   if args.format == "npz":
-    described = checkpoint.export_npz(args.checkpoint, args.out, args.base)
+    described = loader.export_npz(args.checkpoint, args.out, args.base)
   elif args.format == "adapters":
-    described = checkpoint.export_adapters(args.checkpoint, args.out)
+    described = loader.export_adapters(args.checkpoint, args.out)
   else:
     return export_serving(args)
   print(f"Wrote {args.out} ({args.format}): {described.summary()}")

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from etils import epy
 
-from vit_jax import checkpoint
+from vit_jax.checkpoint import description
 from vit_jax.tools import cli, logs
 
 from vit_jax.serving import formats
@@ -35,6 +35,7 @@ with epy.lazy_imports():  # TensorFlow, for --figures and exported models only.
   from vit_jax import explore, figures
 with epy.lazy_imports():  # JAX and Flax, once the arguments are checked.
   from vit_jax import goodput, inspection
+  from vit_jax.checkpoint import loader
   from vit_jax.models import registry
 
 
@@ -43,7 +44,7 @@ POOLING = {"token": "the class token", "gap": "mean of the patch tokens",
 ZERO_HEAD = (
     "The ImageNet-21k releases ship their head zeroed like this: every image gets the same "
     "logits, so the file predicts nothing as it is. Use its representation (pre-logits: "
-    "checkpoint.load(..., head=False), vit-fewshot), or fine-tune it: "
+    "vit_jax.checkpoint.loader.load(..., head=False), vit-fewshot), or fine-tune it: "
     "fine-tuning starts a new zero-initialised head anyway. For ImageNet labels, take a "
     "fine-tuned file (imagenet21k+imagenet2012_*.npz, an AugReg ...--imagenet2012-... one).")
 
@@ -100,7 +101,7 @@ _CROP_WORDS = {"resize": "resized",
 
 def _description_lines(d: dict[str, Any]) -> list[tuple[str, str]]:
   """What the checkpoint records about its input, classes and origin."""
-  pre, assumed = checkpoint.Preprocessing(**d["preprocessing"]), set(d["assumed"])
+  pre, assumed = description.Preprocessing(**d["preprocessing"]), set(d["assumed"])
   note = lambda field: " (assumed: the file does not record it)" if field in assumed else ""  # noqa: E731
   crop = _CROP_WORDS[pre.crop].format(pre.central_crop_fraction)
   crop += f" in {pre.geometry}'s rounding" if pre.crop != "resize" else ""
@@ -155,7 +156,7 @@ def _eval_split(images: str) -> str:
   return "validation" if images.split(":")[0] == "imagenet2012" else "test"
 
 
-def _figures(ckpt: checkpoint.Loaded, args: argparse.Namespace) -> dict[str, Any]:
+def _figures(ckpt: loader.Loaded, args: argparse.Namespace) -> dict[str, Any]:
   batch = captions = None
   if args.images:
     images, captions, _ = explore.load_images(

@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 import tqdm  # noqa: E402
 from etils import epy  # noqa: E402
 
-from vit_jax import checkpoint  # noqa: E402
+from vit_jax.checkpoint import description  # noqa: E402
 
 with epy.lazy_imports():  # TensorFlow: started in main once the arguments are checked.
   from vit_jax.serving import images as image_files
@@ -65,7 +65,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   return args
 
 
-def _read(path: str, size: int, preprocessing: checkpoint.Preprocessing) -> np.ndarray:
+def _read(path: str, size: int, preprocessing: description.Preprocessing) -> np.ndarray:
   """One image; what its decoder writes on stderr (libjpeg's "Improper call to JPEG library
   in state 201" before the error that this command reports) goes to the log."""
   with logs.native_logs(show_errors=False):
@@ -73,7 +73,7 @@ def _read(path: str, size: int, preprocessing: checkpoint.Preprocessing) -> np.n
 
 
 def batches(paths: list[str], size: int, batch_size: int, unreadable: dict[str, str],
-            progress: tqdm.tqdm, preprocessing: checkpoint.Preprocessing
+            progress: tqdm.tqdm, preprocessing: description.Preprocessing
             ) -> Iterator[tuple[list[str], np.ndarray]]:
   """(paths, uint8 images) of up to batch_size readable images; the others are reported
   on stderr (once an image was read: if none is, the caller says it in one line) and
@@ -109,7 +109,7 @@ def predict(predictor: predictors.Predictor, paths: list[str], names: list[str],
   returns the unreadable paths, with why."""
   unreadable = {}
   preprocessing = (predictor.description.preprocessing if predictor.description
-                   else checkpoint.Preprocessing())
+                   else description.Preprocessing())
   with contextlib.ExitStack() as stack:
     progress = stack.enter_context(tqdm.tqdm(
         total=len(paths), unit="img", file=sys.stderr, disable=None,  # None: on a terminal.
@@ -139,11 +139,11 @@ def _names_and_output(predictor: predictors.Predictor, args: argparse.Namespace
   recorded_names = list(described.class_names) if described and described.class_names else None
   names = label_lib.label_names(predictor.num_classes, args.labels, recorded_names)
   if args.labels and recorded_names:
-    checkpoint.check_option("the class names", "--labels", names, recorded_names,
-                            predictor.source)
+    description.check_option("the class names", "--labels", names, recorded_names,
+                             predictor.source)
   output = described.output if described else None
-  checkpoint.check_option("its output", "--sigmoid", "sigmoid" if args.sigmoid else None,
-                          output, predictor.source)
+  description.check_option("its output", "--sigmoid", "sigmoid" if args.sigmoid else None,
+                           output, predictor.source)
   return names, args.sigmoid or output == "sigmoid"
 
 
@@ -173,12 +173,14 @@ def main(argv: list[str]) -> int:
         f"{args.checkpoint} has no classifier head (a feature extractor, as DINOv2's and "
         "DINOv3's repos are), so there are no classes to rank: probe its features with "
         "vit-fewshot, fine-tune a head on your classes with vit-transfer or vit-train "
-        "--config.pretrained, or take them in Python: checkpoint.load(..., head=False)")
+        "--config.pretrained, or take them in Python: loader.load(..., head=False) "
+        "(vit_jax.checkpoint.loader)")
   if predictor.description and predictor.description.model.get("head_bias") is False:
     return cli.input_error(
         f"{args.checkpoint}'s head has no bias: it is CLIP's projection to "
         f"{predictor.num_classes}-d image embeddings, not a classifier, so there are no classes "
-        "to rank; its embeddings: checkpoint.load(...) in Python, or vit-fewshot for probes.")
+        "to rank; its embeddings: loader.load(...) in Python (vit_jax.checkpoint.loader), or "
+        "vit-fewshot for probes.")
   names, sigmoid = _names_and_output(predictor, args)
   k = min(args.top_k, predictor.num_classes)
   unreadable = predict(predictor, paths, names, k, sigmoid, args.batch_size, args.out)

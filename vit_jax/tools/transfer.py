@@ -110,10 +110,10 @@ def print_list(suite: str, fmt: str) -> None:
 
 def dry_run(checkpoints: list[str], task_list: list, settings: "protocol.Settings",
             out_dir: str) -> None:
-  from vit_jax import checkpoint
+  from vit_jax.checkpoint import loader
   from vit_jax.transfer import protocol
   for ckpt in checkpoints:
-    described = checkpoint.describe(ckpt)
+    described = loader.describe(ckpt)
     for task in task_list:
       for ft in protocol.fine_tunes(ckpt, task, settings, out_dir):
         line = shlex.join(protocol.command(ft, settings, described))
@@ -128,10 +128,10 @@ _FORWARDED = ("image_size", "batch_size", "steps", "warmup_steps", "lr_grid", "d
 def task_jobs(args: argparse.Namespace, task_names: list[str]) -> tuple[list[list[str]],
                                                                         list[str]]:
   """The arguments of one vit-transfer run per (checkpoint, task), and of the report's."""
-  from vit_jax import checkpoint
+  from vit_jax.checkpoint import specs
   if args.launch == "tpu_vm":
     local = [p for p in args.checkpoints + task_names + [args.out_dir]
-             if "://" not in p and os.path.exists(checkpoint.specs.without_ema(p))]
+             if "://" not in p and os.path.exists(specs.without_ema(p))]
     if local or not args.out_dir.startswith("gs://"):
       raise ValueError("--launch tpu_vm: the TPU VMs share no disk with this machine: give "
                        "--out_dir gs://BUCKET/PATH, and checkpoints and image folders on "
@@ -140,7 +140,7 @@ def task_jobs(args: argparse.Namespace, task_names: list[str]) -> tuple[list[lis
   out_dir = args.out_dir if "://" in args.out_dir else os.path.abspath(args.out_dir)
   flags = [f"--{k}={getattr(args, k)}" for k in _FORWARDED if getattr(args, k) is not None]
   # Every job reads a checkpoint alike: a file or folder here as its absolute path.
-  jobs = [[checkpoint.specs.absolute(c), "--suite", t, "--out_dir", out_dir, *flags]
+  jobs = [[specs.absolute(c), "--suite", t, "--out_dir", out_dir, *flags]
           for c in args.checkpoints for t in task_names]
   return jobs, ["--report_only", "--out_dir", out_dir]
 
