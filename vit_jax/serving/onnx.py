@@ -18,7 +18,7 @@ from unittest import mock
 
 import numpy as np
 
-from vit_jax import checkpoint
+from vit_jax.checkpoint import loader
 from vit_jax.checkpoint.description import Description
 from vit_jax.serving import formats, savedmodel, tflite
 
@@ -29,7 +29,7 @@ def holds(path: str) -> bool:
   return path.endswith(".onnx")
 
 
-def write(loaded: checkpoint.Loaded, out: str, scratch: str, **kwargs) -> None:
+def write(loaded: loader.Loaded, out: str, scratch: str, **kwargs) -> None:
   tflite_file = os.path.join(scratch, "model.tflite")
   tflite.write(loaded, tflite_file, scratch, **kwargs)
   from_tflite(tflite_file, out, loaded.description)
