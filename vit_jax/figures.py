@@ -119,6 +119,14 @@ def save(fig: Figure, path: str, dpi: int = 120) -> str:
   return str(path)
 
 
+def images_batch(ckpt: loader.Loaded, images: str, split: str, data_dir: str | None,
+                 num_images: int, download: bool) -> tuple[np.ndarray, list[str]]:
+  """(`num_images` of a dataset or image folder preprocessed as `ckpt`'s description says,
+  their captions): what `write` takes (`explore.load_images`, `explore.preprocess`)."""
+  loaded, captions, _ = explore.load_images(images, split, data_dir, num_images, download)
+  return explore.preprocess(loaded, ckpt.image_size, ckpt.description.preprocessing), captions
+
+
 def write(ckpt: loader.Loaded, out_dir: str, batch: np.ndarray | None = None,
           captions: Sequence[str] | None = None, *, batch_size: int = 32,
           rollout_images: int = 4) -> tuple[dict[str, str], np.ndarray | None]:

@@ -32,10 +32,9 @@ from vit_jax.tools import cli, logs
 from vit_jax.serving import formats
 
 with epy.lazy_imports():  # TensorFlow, for --figures and exported models only.
-  from vit_jax import explore, figures
+  from vit_jax import figures
 with epy.lazy_imports():  # JAX and Flax, once the arguments are checked.
   from vit_jax import goodput, inspection
-  from vit_jax.checkpoint import loader
   from vit_jax.models import registry
 
 
@@ -156,13 +155,12 @@ def _eval_split(images: str) -> str:
   return "validation" if images.split(":")[0] == "imagenet2012" else "test"
 
 
-def _figures(ckpt: loader.Loaded, args: argparse.Namespace) -> dict[str, Any]:
+def _figures(ckpt: figures.loader.Loaded, args: argparse.Namespace) -> dict[str, Any]:
   batch = captions = None
   if args.images:
-    images, captions, _ = explore.load_images(
-        args.images, args.split or _eval_split(args.images), args.data_dir, args.num_images,
-        args.download)
-    batch = explore.preprocess(images, ckpt.image_size, ckpt.description.preprocessing)
+    batch, captions = figures.images_batch(ckpt, args.images,
+                                           args.split or _eval_split(args.images),
+                                           args.data_dir, args.num_images, args.download)
   paths, distances = figures.write(ckpt, args.figures, batch, captions,
                                    batch_size=args.batch_size)
   out = {"figures": paths}

@@ -110,15 +110,9 @@ def print_list(suite: str, fmt: str) -> None:
 
 def dry_run(checkpoints: list[str], task_list: list, settings: "protocol.Settings",
             out_dir: str) -> None:
-  from vit_jax.checkpoint import loader
   from vit_jax.transfer import protocol
-  for ckpt in checkpoints:
-    described = loader.describe(ckpt)
-    for task in task_list:
-      for ft in protocol.fine_tunes(ckpt, task, settings, out_dir):
-        line = shlex.join(protocol.command(ft, settings, described))
-        print(line + ("  # --config.optimizer.lr: the rate chosen on minival"
-                      if ft.lr is None else ""))
+  for line in protocol.commands(checkpoints, task_list, settings, out_dir):
+    print(line)
 
 
 _FORWARDED = ("image_size", "batch_size", "steps", "warmup_steps", "lr_grid", "data_dir",

@@ -17,7 +17,7 @@ import orbax.checkpoint as ocp
 from clu import metric_writers, periodic_actions
 
 from vit_jax import cpu_backend, data, goodput
-from vit_jax.checkpoint import errors, loader, run
+from vit_jax.checkpoint import errors, run
 from vit_jax.evaluators import registry as evaluators
 from vit_jax.train import run_setup, stop_signals, trainer, watchdog
 
@@ -265,7 +265,7 @@ def _stall_message(setup: run_setup.RunSetup, manager: ocp.CheckpointManager, st
 
 def train_and_evaluate(c: ml_collections.ConfigDict, workdir: str,
                        report: Report | None = None,
-                       pretrained: loader.Opened | None = None) -> dict[str, float]:
+                       pretrained: run_setup.Opened | None = None) -> dict[str, float]:
   """Trains (resuming from `workdir` if it holds a checkpoint) and returns final eval metrics;
   `report` is told how the run goes. `pretrained`: config.pretrained already opened (by
   config.check_pretrained), so that the run reads it no more.
@@ -280,7 +280,7 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir: str,
 
 def _train_and_evaluate(c: ml_collections.ConfigDict, workdir: str, report: Report,
                         stop: stop_signals.StopSignals,
-                        pretrained: loader.Opened | None) -> dict[str, float]:
+                        pretrained: run_setup.Opened | None) -> dict[str, float]:
   if jax.default_backend() == "cpu":
     cpu_backend.check_pool(jax.local_device_count())
   setup = run_setup.RunSetup.from_config(c, workdir, pretrained)

@@ -17,6 +17,7 @@ import optax
 from vit_jax import data, models
 from vit_jax.checkpoint import description as desc_lib
 from vit_jax.checkpoint import loader
+from vit_jax.checkpoint.loader import Opened  # What from_config takes: config.pretrained, read.
 from vit_jax.models import attention, lora
 from vit_jax.train import config as config_lib
 from vit_jax.train import optimizers, sharding, trainer
@@ -165,7 +166,7 @@ class RunSetup:
   # config.pretrained, opened once: described for the set-up, its arrays fitted to the model
   # at the first step (`pretrained_params`), then released (a resumed run releases them
   # unused).
-  pretrained: loader.Opened | None = None
+  pretrained: Opened | None = None
 
   @property
   def loop_steps(self) -> int:
@@ -189,7 +190,7 @@ class RunSetup:
 
   @classmethod
   def from_config(cls, c: ml_collections.ConfigDict, workdir: str,
-                  pretrained: loader.Opened | None = None) -> "RunSetup":
+                  pretrained: Opened | None = None) -> "RunSetup":
     """The set-up of the run of `c` in `workdir`. `pretrained`: config.pretrained already
     opened (vit-train's checks opened it), else it is opened here; either way it is read
     once, described here and fitted by `pretrained_params`."""
@@ -262,7 +263,7 @@ class RunSetup:
     return jax.tree.map(lambda p, t: p if t else None, params, mask)
 
 
-def load_pretrained(model: models.VisionTransformer, opened: loader.Opened, rng: jax.Array,
+def load_pretrained(model: models.VisionTransformer, opened: Opened, rng: jax.Array,
                     image_shape: tuple[int, ...]) -> Any:
   """The opened checkpoint's params fitted to `model`; LoRA adapters, which no checkpoint
   has, initialised (`fit_params` keeps the target's)."""

@@ -9,12 +9,13 @@ prints as a command line (--dry_run) or goes to a launcher.
 import dataclasses
 import hashlib
 import os
+import shlex
 from typing import Any
 
 import ml_collections
 
 from vit_jax import configs, models
-from vit_jax.checkpoint import description
+from vit_jax.checkpoint import description, loader
 from vit_jax.checkpoint import specs
 from vit_jax.configs import finetune
 from vit_jax.data import config as data_config
@@ -164,3 +165,17 @@ def command(ft: FineTune, settings: Settings, described: description.Description
            if v is not None and k != "model_name"]
   return ["vit-train", "--config", _recipe(ft.task, described), "--workdir", ft.workdir,
           *flags]
+
+
+def commands(checkpoints: list[str], task_list: list[tasks.Task], settings: Settings,
+             out_dir: str) -> list[str]:
+  """The runs of every checkpoint on every task as `vit-train` command lines (vit-transfer's
+  dry run), a comment on each whose learning rate is the one chosen on minival."""
+  lines = []
+  for ckpt in checkpoints:
+    described = loader.describe(ckpt)
+    for task in task_list:
+      for ft in fine_tunes(ckpt, task, settings, out_dir):
+        lines.append(shlex.join(command(ft, settings, described)) + (
+            "  # --config.optimizer.lr: the rate chosen on minival" if ft.lr is None else ""))
+  return lines
