@@ -18,7 +18,7 @@ import numpy as np
 from vit_jax.config_errors import InputError
 from vit_jax.data import config as data_config
 # What the input preprocessing is (value range or mean and std, crop, interpolation) lives
-# beside the data transforms that apply it; checkpoint.Preprocessing is the same class.
+# beside the data transforms that apply it; description.Preprocessing is the same class.
 from vit_jax.data.input_contract import Preprocessing
 
 DESCRIPTION_KEY = "__vit_jax_description__"  # The .npz entry (a 0-d unicode array of JSON).

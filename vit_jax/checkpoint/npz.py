@@ -53,7 +53,7 @@ def read_npz(path: str) -> dict[str, np.ndarray]:
   if path.is_dir():
     raise CheckpointError(
         f"{path} is a directory, not an .npz file. For a training run (a workdir or one of "
-        "its step directories) use `vit_jax.checkpoint.load` or `read_params`.")
+        "its step directories) use `vit_jax.checkpoint.loader.load` or `run.read_params`.")
   data = path.read_bytes()
   if not data.startswith(b"PK"):
     raise CheckpointError(f"{path} is not an .npz file (no zip header). Released ViT "
@@ -108,7 +108,7 @@ def to_original_layout(flat: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def split_description(arrays: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Any]:
   """(the arrays of an .npz in any layout, as flat keys of the original layout; the
-  `checkpoint.Description` that `save_npz` wrote into it, or None)."""
+  `description.Description` that `save_npz` wrote into it, or None)."""
   described = description_lib.from_npz_entry(arrays)
   arrays = {k: v for k, v in arrays.items() if k != description_lib.DESCRIPTION_KEY}
   return to_original_layout(arrays), described
@@ -295,7 +295,7 @@ def load_npz(path: str, target: Optional[Params] = None) -> dict[str, Any]:
 
 def save_npz(path: str, params: Params, description: Any = None) -> None:
   """Writes params as a flat .npz with '/'-joined keys: the original release layout; a
-  `checkpoint.Description` goes in as one more entry (a string, which the official code and
+  `description.Description` goes in as one more entry (a string, which the official code and
   timm skip over)."""
   flat = {k: np.asarray(v) for k, v in flatten(params).items()}
   if description is not None:
