@@ -150,6 +150,38 @@ def test_remat_gives_identical_outputs_and_gradients():
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), g1, g2)
 
 
+@pytest.mark.parametrize("fields", [{}, dict(layer_scale=True, classifier="gap", fc_norm=True)],
+                         ids=["token", "LayerScale, gap + fc_norm"])
+def test_a_bf16_residual_stream_is_the_float32_one_within_bf16_rounding(fields):
+  """residual_dtype="bfloat16" (asked for, never a default): the blocks' stream in 16 bits,
+  the logits and every gradient within bf16 rounding of the float32 stream's; float32 the
+  stream as ever, bit for bit."""
+  kw = dict(num_classes=5, patch_size=8, dtype=jnp.bfloat16, **TINY, **fields)
+  images = jax.random.normal(jax.random.key(1), (4, 32, 32, 3))
+  f32, bf16 = (models.create_model("ViT-Ti_16", residual_dtype=r, **kw)
+               for r in ("float32", "bfloat16"))
+  params = noisy(f32.init(jax.random.key(0), images)["params"], 0.05, 3)
+  stream = bf16.apply({"params": params}, images, mutable=["intermediates"])[1]
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(stream))
+
+  def loss(model, p):
+    return jnp.sum(model.apply({"params": p}, images) ** 2)
+
+  (l1, g1), (l2, g2) = (jax.jit(jax.value_and_grad(functools.partial(loss, m)))(params)
+                        for m in (f32, bf16))
+  assert l2.dtype == jnp.float32
+  np.testing.assert_allclose(l2, l1, rtol=2e-2)
+  # Each gradient within a few bf16 roundings in norm; the key bias's is zero but for
+  # rounding (the softmax cancels it), in both.
+  for path, a, b in zip(jax.tree_util.tree_leaves_with_path(g2), jax.tree.leaves(g2),
+                        jax.tree.leaves(g1)):
+    if "key" not in jax.tree_util.keystr(path[0]):
+      assert np.linalg.norm(a - b) < 5e-2 * np.linalg.norm(b), jax.tree_util.keystr(path[0])
+  with pytest.raises(ValueError, match="residual_dtype='float16', expected one of"):
+    models.create_model("ViT-Ti_16", residual_dtype="float16", **kw).init(
+        jax.random.key(0), images)
+
+
 def test_dropout_is_active_only_in_training():
   model = models.create_model("ViT-Ti_16", num_classes=5, patch_size=8, dropout=0.5,
                               attention_dropout=0.5, **TINY)

@@ -28,11 +28,14 @@ POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 # value's (EVA-02, DINOv3's `_qkvb` models: a key bias is a constant of each query's logits,
 # which the softmax cancels), or none (DINOv3).
 QKV_BIASES = ("qkv", "qv", "none")
+# The residual stream's dtype between the blocks: float32 (the paper's), or bfloat16, which
+# halves its HBM traffic and rounds each block's sums to 8 bits of mantissa.
+RESIDUAL_DTYPES = ("float32", "bfloat16")
 
 # The fields that take one of a few values, and those values.
 CHOICES = {"classifier": CLASSIFIERS, "gelu": GELUS, "posemb": POSEMBS,
            "posemb_interpolation": posemb_resize.METHODS, "qkv_bias": QKV_BIASES, "mlp": MLPS,
-           "rope": rope_lib.KINDS}
+           "rope": rope_lib.KINDS, "residual_dtype": RESIDUAL_DTYPES}
 
 
 class Role(enum.Enum):
@@ -165,13 +168,13 @@ class Encoder1DBlock(nn.Module):
     y = nn.Dropout(self.dropout)(y, deterministic)
     if self.layer_scale:
       y = LayerScale(name="LayerScale_0")(y)
-    x = x + DropPath(self.drop_path)(y, deterministic)
+    x = x + DropPath(self.drop_path)(y, deterministic).astype(x.dtype)
     y = LayerNorm(self.norm_epsilon, self.dtype, name="LayerNorm_2")(x)
     y = MlpBlock(self.mlp_dim, self.dropout, self.dtype, self.lora, self.gelu, self.mlp,
                  self.mlp_norm, self.norm_epsilon, name="MlpBlock_3")(y, deterministic)
     if self.layer_scale:
       y = LayerScale(name="LayerScale_1")(y)
-    return x + DropPath(self.drop_path)(y, deterministic), weights
+    return x + DropPath(self.drop_path)(y, deterministic).astype(x.dtype), weights
 
 
 class Encoder(nn.Module):
@@ -187,6 +190,7 @@ class Encoder(nn.Module):
   remat: bool = False
   dtype: Any = jnp.float32
   attention_impl: Optional[str] = None
+  residual_dtype: str = "float32"  # RESIDUAL_DTYPES: the stream's between the blocks.
   stochastic_depth: float = 0.0  # The last block's rate; block i has (i + 1) / L of it.
   lora: Any = None
   dynamic_image_size: bool = False
@@ -214,6 +218,7 @@ class Encoder(nn.Module):
     x = nn.Dropout(self.dropout)(x, deterministic)
     if self.pre_norm:  # In float32: its output is the residual stream.
       x = LayerNorm(self.norm_epsilon, jnp.float32, name="pre_norm")(x)
+    x = x.astype(self.residual_dtype)
     block_fields = dict(self.block or {})
     rope = None
     if block_fields.get("rope", "none") != "none":
@@ -233,6 +238,7 @@ class Encoder(nn.Module):
       # Kept only where the caller asks (mutable=["intermediates"]): models.features.
       self.sow("intermediates", f"block_{i}_out", x)
       all_weights.append(weights)
+    x = x.astype(jnp.float32)
     if self.final_norm:
       x = LayerNorm(self.norm_epsilon, self.dtype, name="encoder_norm")(x)
     return x, (tuple(all_weights) if return_weights else None)
@@ -329,6 +335,10 @@ class VisionTransformer(nn.Module):
   # also how a loaded embedding is resized to the grid.
   posemb_interpolation: str = _field(Role.INIT, "bilinear")
   remat: bool = _field(Role.EXECUTION, False)
+  # RESIDUAL_DTYPES: "bfloat16" keeps the stream between the blocks in 16 bits, halving the
+  # traffic of the tensor every block reads and writes most (benchmarks/README.md, "Where a
+  # TPU step's bytes go"); it changes the sums, so it is asked for, never a default.
+  residual_dtype: str = _field(Role.EXECUTION, "float32")
   dtype: Any = _field(Role.PRECISION, jnp.float32)
   # attention.IMPLS; "auto": the device's fused kernel (cuDNN, Pallas on TPU) where it runs.
   attention_impl: Optional[str] = _field(Role.EXECUTION, "auto")
@@ -432,6 +442,7 @@ class VisionTransformer(nn.Module):
         self.num_layers, self.mlp_dim, self.num_heads, self.dropout,
         self.attention_dropout, learned_posemb=self.posemb == "learn",
         remat=self.remat, dtype=self.dtype, attention_impl=self.attention_impl,
+        residual_dtype=self.residual_dtype,
         stochastic_depth=self.stochastic_depth, lora=self._lora,
         dynamic_image_size=self.dynamic_image_size,
         posemb_interpolation=self.posemb_interpolation, final_norm=not self.fc_norm,
