@@ -12,7 +12,7 @@ from absl import logging
 import ml_collections
 
 from vit_jax import data
-from vit_jax.checkpoint import description, loader
+from vit_jax.checkpoint import loader
 from vit_jax.checkpoint import workdir_lock
 from vit_jax.data import tasks
 from vit_jax.train import loop, stop_signals
@@ -30,28 +30,30 @@ def _one_line(e: BaseException) -> str:
   return f"{type(e).__name__}: {' '.join(text.split())}"
 
 
-def fine_tune(ft: protocol.FineTune, settings: protocol.Settings,
-              described: description.Description, out_dir: str) -> dict[str, object]:
-  """Fine-tunes and evaluates one run of the protocol; its row, appended to the task's rows.
-  Its workdir is locked while it runs: a second sweep on the same out_dir stops there (WorkdirInUse)."""
-  c = protocol.config(ft, settings, described)
+def fine_tune(ft: protocol.FineTune, settings: protocol.Settings, opened: loader.Opened,
+              out_dir: str) -> dict[str, object]:
+  """Fine-tunes and evaluates one run of the protocol from its checkpoint, `opened` (its
+  description, and its arrays, read again only where an earlier run released them); its row,
+  appended to the task's rows. Its workdir is locked while it runs: a second sweep on the
+  same out_dir stops there (WorkdirInUse)."""
+  c = protocol.config(ft, settings, opened.description)
   lock = workdir_lock.take(ft.workdir)
   try:
-    return _fine_tune_locked(ft, c, described, out_dir)
+    return _fine_tune_locked(ft, c, opened, out_dir)
   finally:
     if lock:
       lock.release()
 
 
 def _fine_tune_locked(ft: protocol.FineTune, c: ml_collections.ConfigDict,
-                      described: description.Description, out_dir: str) -> dict[str, object]:
+                      opened: loader.Opened, out_dir: str) -> dict[str, object]:
   t0 = time.time()
-  row = {"checkpoint": ft.checkpoint, "model": described.model_name or "",
+  row = {"checkpoint": ft.checkpoint, "model": opened.description.model_name or "",
          "task": ft.task.name, "suite": ft.task.suite,
          "group": ft.task.group, "phase": ft.phase, "lr": protocol.format_lr(ft.lr),
          "steps": c.total_steps, "workdir": ft.workdir}
   try:
-    metrics = loop.train_and_evaluate(c, ft.workdir)
+    metrics = loop.train_and_evaluate(c, ft.workdir, pretrained=opened)
     row |= {"accuracy": f"{metrics['accuracy']:.6f}", "status": OK}
   except Exception as e:  # any failure of one task leaves the others to run
     # An input the library refuses (data that is not there) says all in its message.
@@ -75,7 +77,7 @@ def _check(stop: stop_signals.StopSignals) -> None:
 
 
 def transfer_task(ckpt: str, task: tasks.Task, settings: protocol.Settings, out_dir: str,
-                  described: description.Description, log: Callable[[str], None],
+                  opened: loader.Opened, log: Callable[[str], None],
                   stop: stop_signals.StopSignals) -> str | None:
   """The task's selection runs, then its final run, each unless done; None, or why it failed."""
   task_dir = protocol.task_dir(out_dir, ckpt, task)
@@ -83,7 +85,7 @@ def transfer_task(ckpt: str, task: tasks.Task, settings: protocol.Settings, out_
     if ft.key in _done(task_dir):
       continue
     _check(stop)
-    row = fine_tune(ft, settings, described, out_dir)
+    row = fine_tune(ft, settings, opened, out_dir)
     log(f"{task.name} lr={row['lr']} on {ft.phase}: {row['accuracy'] or row['status']}")
     if row["status"] != OK:
       return str(row["status"])
@@ -93,7 +95,7 @@ def transfer_task(ckpt: str, task: tasks.Task, settings: protocol.Settings, out_
   if final.key in _done(task_dir):
     return None
   _check(stop)
-  row = fine_tune(final, settings, described, out_dir)
+  row = fine_tune(final, settings, opened, out_dir)
   log(f"{task.name} lr={row['lr']} on {final.phase}: {row['accuracy'] or row['status']}")
   return None if row["status"] == OK else str(row["status"])
 
@@ -113,13 +115,13 @@ def _transfer(checkpoints: Sequence[str], task_list: Sequence[tasks.Task],
   failures = {}
   for ckpt in checkpoints:
     try:
-      described = loader.describe(ckpt)
+      opened = loader.open_checkpoint(ckpt)
     except Exception as e:  # the other checkpoints still run
       logging.error("%s failed: %s", ckpt, _one_line(e))
       failures |= {(ckpt, t.name): f"failed: {_one_line(e)}" for t in task_list}
       continue
     for task in task_list:
-      if (why := transfer_task(ckpt, task, settings, out_dir, described, log, stop)) is not None:
+      if (why := transfer_task(ckpt, task, settings, out_dir, opened, log, stop)) is not None:
         failures[ckpt, task.name] = why
       report.write(out_dir, failures)
   report.write(out_dir, failures)
