@@ -97,3 +97,34 @@ def test_a_hopeless_batch_is_refused_from_its_shapes_before_any_compile(monkeypa
   assert time.perf_counter() - start < 5
   c.batch_size = 512  # The recipe's: left to the compiles.
   compile_check.check_not_hopeless(c, topology, 10)
+
+
+@needs_libtpu
+@pytest.mark.parametrize("topology, classes, hopeless", [
+    ("tpu7x-8", 134_217_728, True),  # 137.6G parameters: 128 GiB a device over 8 devices.
+    ("tpu7x-8", 16_777_216, False),  # 17.2G: 16 GiB a device, left to the compiles.
+    ("v5e:2x2", 16_777_216, True),  # The same over 4 chips of 16 GiB: 32 GiB a chip.
+    ("v5e:2x2", 4_194_304, False)])  # 4.3G: 8 GiB a chip.
+def test_parameters_and_gradients_over_every_devices_hbm_are_refused_before_any_compile(
+    monkeypatch, topology, classes, hopeless):
+  """A head no mesh can hold: the parameters and their gradients, sharded over every device,
+  are over a device's HBM. Refused from the shapes in a second (8 compiles, 80 s, before)."""
+  import time
+  from vit_jax.config_errors import ConfigError
+  from vit_jax.train import compile_check
+  from tiny_config import get_config
+  c = get_config()
+  c.model.hidden_size = 1024
+  resolved = compile_check.resolve_topology(topology)
+  monkeypatch.setattr(compile_check, "attempt", lambda *a, **k: pytest.fail("compiled"))
+  start = time.perf_counter()
+  if not hopeless:
+    compile_check.check_not_hopeless(c, resolved, classes)
+    return
+  with pytest.raises(ConfigError, match=rf"^config\.model_name='ViT-Ti_16' with its overrides "
+                     rf"and {classes:,} classes: [\d.]+G parameters, which with their gradients "
+                     rf"take at least [\d,]+ GiB per device even sharded over all \d+ devices of "
+                     rf"{topology} \([\d.]+x its \d+ GiB of HBM\): use a smaller model or head, "
+                     "or a bigger slice$"):
+    compile_check.check_not_hopeless(c, resolved, classes)
+  assert time.perf_counter() - start < 5

@@ -378,5 +378,6 @@ def test_the_preflight_compile_refuses_a_config_that_does_not_fit_before_any_kub
   assert result.returncode == 2, result.stderr[-2000:]
   assert "--compile_only --topology tpu7x-8" in result.stderr
   [line] = [e for e in result.stderr.splitlines() if e.startswith("error:")]
-  assert line.startswith("error: preflight for tpu7x-8: --config") and "--no-preflight" in line
+  assert line.startswith("error: preflight for tpu7x-8: config.model_name='ViT-Ti_16' with its "
+                         "overrides and 134,217,728 classes") and "--no-preflight" in line
   assert calls(folder) == []
