@@ -23,8 +23,6 @@ if TYPE_CHECKING:
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
-# npz.POSEMB_KEY, without importing vit_jax here.
-POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 # UCI's optical recognition of handwritten digits (CC BY 4.0), its test set as scikit-learn
 # ships it (`sklearn.datasets.load_digits`): a row per image, 64 pixels in 0-16, then the label.
 DIGITS_CSV = REPO / "tests" / "data" / "digits.csv.gz"
@@ -171,6 +169,7 @@ def new_flax_layout(flat):
 def big_vision_layout(flat, scanned: bool):
   """Original-layout flat arrays as big_vision writes them: `params/` prefix, newer names,
   the position embedding without the class entry, optionally one scanned encoder block."""
+  from vit_jax.models.vit import POSEMB_KEY
   flat = new_flax_layout(flat)
   flat["pos_embedding"] = flat.pop(POSEMB_KEY)[:, 1:]
   if scanned:
