@@ -51,8 +51,11 @@ def test_the_tiny_models_hold_every_variant_of_the_exported_graph():
   from vit_jax import models
   built = [models.create_model(name, num_classes=10, **fields)
            for name, _, fields in TINY_SERVING_MODELS.values()]
+  # Not in an exported graph: the export runs at the model's own grid, and how a training step
+  # executes (Role.EXECUTION: the residual stream's dtype) is not in a checkpoint's description.
+  executes = models.registry.fields_of(models.Role.EXECUTION)
   for field, values in models.vit.CHOICES.items():
-    if field != "posemb_interpolation":  # The export runs at the model's own grid.
+    if field != "posemb_interpolation" and field not in executes:
       assert {getattr(m, field) for m in built} == set(values), field
   for flag in ("pre_norm", "layer_scale", "fc_norm", "mlp_norm", "attention_norm", "class_token",
                "head_bias"):
