@@ -1,9 +1,15 @@
 """Test set-up: 8 simulated CPU devices, set before jax is first imported; caches that the
 session's processes share; shared fixtures."""
 import os
+import signal
 import sys
 import tempfile
 
+# Started in the background by a shell without job control (`pytest &` in a script), the
+# session's processes would ignore Ctrl-C, and so would every command a test starts: the tests
+# that stop one with SIGINT would wait for ever. They get Python's own handler back.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+  signal.signal(signal.SIGINT, signal.default_int_handler)
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # The test extra installs libtpu (the TPU compile checks, which need no TPU platform): JAX

@@ -277,12 +277,15 @@ def up_until(tmp_path, env: dict, text: str) -> tuple[int, str]:
                         *up_args("v5litepod-8", "--poll-seconds", "0.05",
                                  workdir=str(tmp_path / "run"), config="quickstart")],
                        env=env, stdout=subprocess.PIPE, text=True, cwd=REPO)
-  for line in p.stdout:
-    if text in line:
-      p.send_signal(signal.SIGINT)
-      break
-  rest = p.stdout.read()
-  return p.wait(timeout=60), rest
+  try:
+    for line in p.stdout:
+      if text in line:
+        p.send_signal(signal.SIGINT)
+        break
+    rest, _ = p.communicate(timeout=60)
+  finally:
+    p.kill()
+  return p.returncode, rest
 
 
 def test_capacity_that_never_comes_ctrl_c_leaves_the_jobset_and_watch_picks_it_up(tmp_path):

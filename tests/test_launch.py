@@ -426,12 +426,15 @@ def test_ctrl_c_leaves_the_queued_resource_as_it_is(tmp_path):
                         "v5litepod-8", "--config", "quickstart", "--workdir",
                         str(tmp_path / "run")], env=env,
                        stdout=subprocess.PIPE, text=True)
-  for line in p.stdout:
-    if "WAITING_FOR_RESOURCES" in line:
-      p.send_signal(signal.SIGINT)
-      break
-  rest = p.stdout.read()
-  assert p.wait(timeout=60) == 130
+  try:
+    for line in p.stdout:
+      if "WAITING_FOR_RESOURCES" in line:
+        p.send_signal(signal.SIGINT)
+        break
+    rest, _ = p.communicate(timeout=60)
+  finally:
+    p.kill()
+  assert p.returncode == 130
   assert "stopped following: queued resource vit and its job are left as they are" in rest
   assert not any("delete" in c for c in (folder / "gcloud.log").read_text().splitlines())
 
