@@ -10,7 +10,6 @@ import tempfile
 # that stop one with SIGINT would wait for ever. They get Python's own handler back.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
   signal.signal(signal.SIGINT, signal.default_int_handler)
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # The test extra installs libtpu (the TPU compile checks, which need no TPU platform): JAX
 # would try a TPU at each start.
@@ -34,7 +33,10 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
                     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
                     JAX_COMPILATION_CACHE_MAX_SIZE=str(8 * 2**30))
-from vit_jax import cpu_backend  # noqa: E402  (imports no JAX)
+from helpers import xla_flags  # noqa: E402  (imports no JAX)
+from vit_jax import cpu_backend  # noqa: E402
+
+os.environ.setdefault("XLA_FLAGS", xla_flags(8))
 
 cpu_backend.prepare()  # 8 devices whose programs cannot deadlock, before JAX starts.
 

@@ -29,6 +29,11 @@ DIGITS_CSV = REPO / "tests" / "data" / "digits.csv.gz"
 TINY_CONFIG = str(REPO / "tests" / "tiny_config.py")
 # A ViT small enough for unit tests on CPU: model fields over any registry name's.
 TINY_VIT = dict(patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2)
+# LLVM's optimisation of XLA's CPU code, off in every process of the session: the tests' tiny
+# programs are compiled far more than they are run (the library's own matmuls and convolutions
+# are precompiled; the numbers are the same, no fast-math either way). -17% of the CPU of
+# test_e2e_train, test_npz, test_models and test_vit, all passing.
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 # tests/tiny_config.py's model: 28 px images in a 4x4 grid of 7 px patches.
 TINY_CONFIG_VIT = dict(patch_size=7, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2)
 
@@ -79,11 +84,15 @@ def cli(workdir, dataset, *extra, config: str = TINY_CONFIG) -> list[str]:
           f"--config.data.data_dir={data_dir}", *extra]
 
 
+def xla_flags(devices: int) -> str:
+  """XLA_FLAGS of a test process on `devices` CPU devices."""
+  return f"--xla_force_host_platform_device_count={devices} {TEST_XLA_FLAGS}"
+
+
 def cpu_env(devices: int = 1) -> dict[str, str]:
   """The environment of a subprocess on `devices` CPU devices; it sizes XLA's pool itself."""
   env = {k: v for k, v in os.environ.items() if k != "NPROC"}
-  return env | {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-                "JAX_PLATFORMS": "cpu"}
+  return env | {"XLA_FLAGS": xla_flags(devices), "JAX_PLATFORMS": "cpu"}
 
 
 def run_cli(args, devices: int = 1, cwd=REPO, **kw) -> subprocess.CompletedProcess:

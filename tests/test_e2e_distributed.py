@@ -7,7 +7,7 @@ import socket
 import numpy as np
 import pytest
 
-from helpers import TINY_CONFIG, cli, launch, read_scalars, run_cli, tiny_config
+from helpers import TINY_CONFIG, cli, launch, read_scalars, run_cli, tiny_config, xla_flags
 from vit_jax.train import loop
 
 
@@ -60,7 +60,7 @@ def test_two_processes_started_by_the_launcher_train_to_the_end_as_one_does(tmp_
   result = launch(
       "multihost.py", "hosts", "--hosts", "localhost,localhost", "--port", str(_free_port()),
       "--config", TINY_CONFIG, "--workdir", str(tmp_path / "multi"), "--env",
-      "JAX_PLATFORMS=cpu", "--env", "XLA_FLAGS=--xla_force_host_platform_device_count=1", "--",
+      "JAX_PLATFORMS=cpu", "--env", f"XLA_FLAGS={xla_flags(1)}", "--",
       f"--config.data.name={dataset[0]}", f"--config.data.data_dir={dataset[1]}", shards,
       "--config.mesh.dcn_data=2", timeout=600)
   assert result.returncode == 0, result.stdout[-3000:]

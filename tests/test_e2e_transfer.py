@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from helpers import REPO, cpu_env, read_scalars
+from helpers import REPO, cpu_env, read_scalars, xla_flags
 from vit_jax.tools import transfer
 
 
@@ -31,7 +31,7 @@ def test_a_launched_sweep_goes_past_a_failure_then_a_rerun_chooses_the_rate_and_
   _, data_dir = dataset
   flags = [tiny_npz, "--suite", "vtab1k/dtd,fashion_mnist", "--out_dir", str(tmp_path),
            "--image_size=28", "--batch_size=32", "--steps=30", "--data_dir", data_dir]
-  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")  # The jobs'.
+  monkeypatch.setenv("XLA_FLAGS", xla_flags(1))  # The jobs'.
   flags[2] += "," + digits_folder
   assert transfer.main([*flags, "--lr_grid=0.1", "--launch", "hosts", "--",
                         "--hosts", "localhost,localhost"]) == 1  # dtd is not in data_dir.
