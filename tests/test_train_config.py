@@ -64,3 +64,20 @@ def test_unknown_cli_field_is_one_line_naming_close_fields(tmp_path):
   bad_value = run_cli(cli(tmp_path, ("mnist", "/nonexistent"), "--config.optimizer.lr=fast"))
   assert bad_value.returncode == 2 and "--config.optimizer.lr=fast" in bad_value.stderr
   assert "Traceback" not in bad_value.stderr
+
+
+def test_cpu_devices_in_a_process_whose_jax_has_started_takes_its_first_so_many(tmp_path):
+  """A notebook's or a test's JAX has its devices already (8 here): config.cpu_devices=2 trains
+  on the first 2, as vit-train would start with 2; more than there are is refused."""
+  import jax
+  from vit_jax.train import run_setup
+  c = tiny_config(("fashion_mnist", "/nonexistent"), cpu_devices=2)
+  setup = run_setup.RunSetup.build(c, str(tmp_path), 10, 1000, tuple("abcdefghij"))
+  assert list(setup.mesh.devices.flat) == jax.devices()[:2]
+  assert setup.micro_batch == c.batch_size
+  c.cpu_devices = None
+  assert run_setup.RunSetup.build(c, str(tmp_path), 10, 1000, ()).mesh.size == 8
+  c.cpu_devices = 9
+  with pytest.raises(ValueError, match=r"^config.cpu_devices=9: this process's JAX has started "
+                     "with 8 CPU devices"):
+    run_setup.RunSetup.build(c, str(tmp_path), 10, 1000, ())

@@ -106,7 +106,7 @@ def _run_info(setup: run_setup.RunSetup, state: trainer.TrainState, start: int) 
       dataset=c.data.name, data_dir=c.data.data_dir, num_classes=setup.model.num_classes,
       image_size=c.data.image_size, batch_size=setup.micro_batch, total_steps=setup.loop_steps,
       start_step=start, epochs=c.get("total_epochs"), pretrained=c.pretrained,
-      devices=jax.device_count(), platform=jax.devices()[0].platform,
+      devices=setup.mesh.size, platform=setup.mesh.devices.flat[0].platform,
       processes=jax.process_count())
 
 

@@ -148,6 +148,19 @@ def _abstract_params(model: models.VisionTransformer, image_size: int) -> Any:
   return jax.eval_shape(model.init, jax.random.key(0), images)["params"]
 
 
+def _cpu_devices(c: ml_collections.ConfigDict) -> Sequence[Any] | None:
+  """config.cpu_devices in a process whose JAX has started with more CPU devices (a notebook,
+  a test): its first so many (vit-train starts JAX with that many). None: all of JAX's."""
+  wanted = c.get("cpu_devices")
+  if wanted is None or jax.default_backend() != "cpu" or jax.process_count() > 1:
+    return None
+  found = jax.local_devices()
+  config_lib.check(wanted <= len(found), "cpu_devices", wanted,
+                   f"this process's JAX has started with {len(found)} CPU devices; more can "
+                   "only be asked for before it starts (vit-train, or XLA_FLAGS)")
+  return found[:wanted]
+
+
 @dataclasses.dataclass
 class RunSetup:
   """What the config and the dataset fix before the first step."""
@@ -227,7 +240,8 @@ class RunSetup:
     if c.optimizer.frozen:  # Refused now (patterns that freeze all), before anything is written.
       optimizers.trained(_abstract_params(model, c.data.image_size), c.optimizer.frozen,
                          trained_only)
-    mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, devices, c.mesh.dcn_data)
+    mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, devices or _cpu_devices(c),
+                              c.mesh.dcn_data)
     # "auto" decided for the run's devices, not the host's (compile_check's are a TPU's).
     model = model.clone(attention_impl=attention.resolve(
         model.attention_impl, model.dtype, model.hidden_size // model.num_heads,
