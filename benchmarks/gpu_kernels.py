@@ -24,7 +24,7 @@ import json
 import pathlib
 import re
 import sys
-from typing import Optional
+from typing import Callable, Iterable, Optional
 
 # HBM bandwidth (GB/s) by the device name's key word; --hbm_gbps overrides.
 HBM_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
@@ -138,18 +138,26 @@ class Module:
     """The entry's instruction a kernel is named after (`fusion_1368` -> `%fusion.1368`)."""
     return self._kernels.get(re.sub(r"[.\-]", "_", kernel))
 
-  def fused(self, instr: Instruction) -> list[Instruction]:
-    """Every instruction of the computations `instr` calls, nested ones included."""
-    out, todo, seen = [], list(instr.calls), set()
+  def reachable(self, roots: Iterable[str],
+                follow: Callable[[Instruction], Iterable[str]]) -> list[str]:
+    """The computations named in `roots` and every one they reach through the callees
+    `follow(instruction)` names (fused bodies, or control flow's), in the order first reached;
+    names the module does not hold are passed over."""
+    out, todo, seen = [], list(roots), set()
     while todo:
       name = todo.pop()
       if name in seen or name not in self.computations:
         continue
       seen.add(name)
+      out.append(name)
       for i in self.computations[name]:
-        out.append(i)
-        todo.extend(i.calls)
+        todo.extend(follow(i))
     return out
+
+  def fused(self, instr: Instruction) -> list[Instruction]:
+    """Every instruction of the computations `instr` calls, nested ones included."""
+    return [i for name in self.reachable(instr.calls, lambda i: i.calls)
+            for i in self.computations[name]]
 
   def operand_shape(self, operand: str) -> str:
     name, _, index = operand.partition("#")

@@ -123,25 +123,18 @@ class Group:
   fused: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
 
-def _computations(module: g.Module) -> list[str]:
-  """The entry and what it runs outside fusions (while bodies, calls, conditionals)."""
-  out, todo = [], [module.entry]
-  while todo:
-    name = todo.pop()
-    if name in out or name not in module.computations:
-      continue
-    out.append(name)
-    for i in module.computations[name]:
-      if i.opcode in ("while", "call", "conditional"):
-        todo.extend(i.calls)
-        todo.extend(re.findall(r"(?:body|condition|to_apply|branch_computations)=\{?%?([\w.\-]+)",
-                               i.attrs))
-  return out
+def _control_callees(instr: g.Instruction) -> list[str]:
+  """The computations a while, call or conditional runs; none for other instructions."""
+  if instr.opcode not in ("while", "call", "conditional"):
+    return []
+  return instr.calls + re.findall(
+      r"(?:body|condition|to_apply|branch_computations)=\{?%?([\w.\-]+)", instr.attrs)
 
 
 def tabulate(module: g.Module) -> dict[str, Group]:
   groups = {}
-  for name in _computations(module):
+  # The entry and what it runs outside fusions (while bodies, calls, conditionals).
+  for name in module.reachable([module.entry], _control_callees):
     for instr in module.computations[name]:
       b = moved(module, instr)
       if not b:
