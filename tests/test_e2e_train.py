@@ -19,7 +19,8 @@ from vit_jax.train import loop
 
 @pytest.mark.slow
 def test_loss_goes_down_and_eval_counts_every_example(tmp_path, dataset):
-  c = tiny_config(dataset, total_steps=150, **{"data.eval_split": "test[:1000]"})
+  c = tiny_config(dataset, total_steps=150, checkpoint_every_steps=150,
+                  **{"data.eval_split": "test[:1000]"})
   c.evals.fewshot = dict(type="fewshot", datasets=(dataset[0],), data_dir=dataset[1],
                          train_split="train[:1000]", test_split="test[:500]", shots=(1, 10),
                          seeds=2)
