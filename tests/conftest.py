@@ -41,12 +41,14 @@ os.environ.setdefault("XLA_FLAGS", xla_flags(8))
 cpu_backend.prepare()  # 8 devices whose programs cannot deadlock, before JAX starts.
 
 import collections  # noqa: E402
+import contextlib  # noqa: E402
 import csv  # noqa: E402
 import fcntl  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import pathlib  # noqa: E402
 import shutil  # noqa: E402
+from typing import Iterator  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -112,19 +114,29 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(_SESSION, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def shared_by_workers(tmp_path_factory: pytest.TempPathFactory, worker_id: str,
+                      name: str) -> Iterator[pathlib.Path]:
+  """The folder that all the session's workers share (pytest-xdist's recipe: their temporary
+  folders share a parent; the session's own under `-n 0`), held under the lock `NAME.lock`
+  there for the block: the first worker builds NAME in it, the others wait and find it done."""
+  root = tmp_path_factory.getbasetemp()
+  root = root if worker_id == "master" else root.parent
+  with open(root / f"{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    yield root
+
+
 @pytest.fixture(scope="session")
 def dataset(tmp_path_factory, worker_id) -> tuple[str, str]:
   """(name, data_dir) of Fashion-MNIST, built by TFDS's own builder from Debian's files,
   which the README's set-up installs: the same real data on every machine. Built once for all
-  the session's workers (pytest-xdist's recipe: their temporary folders share a parent)."""
+  the session's workers."""
   if not os.path.isdir(DEBIAN_FASHION_MNIST):
     pytest.fail(f"{DEBIAN_FASHION_MNIST} is missing: `sudo apt-get install "
                 "dataset-fashion-mnist` (the README's set-up) gives the tests their real data.")
   from vit_jax import data
-  root = tmp_path_factory.getbasetemp()
-  root = root if worker_id == "master" else root.parent
-  with open(root / "tfds.lock", "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)  # The first worker prepares; the other finds it done.
+  with shared_by_workers(tmp_path_factory, worker_id, "tfds") as root:
     data.prepare_fashion_mnist(str(root / "tfds"))
   return "fashion_mnist", str(root / "tfds")
 
@@ -135,11 +147,8 @@ def uninterrupted_run(tmp_path_factory, worker_id, dataset) -> dict[str, float]:
   the launchers' interrupted runs must end with (test_e2e_recovery.py, test_gke.py). Trained
   once for all the session's workers, as `dataset` is prepared."""
   from vit_jax.train import loop
-  root = tmp_path_factory.getbasetemp()
-  root = root if worker_id == "master" else root.parent
-  result = root / "uninterrupted_run.json"
-  with open(root / "uninterrupted_run.lock", "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
+  with shared_by_workers(tmp_path_factory, worker_id, "uninterrupted_run") as root:
+    result = root / "uninterrupted_run.json"
     if not result.exists():
       metrics = loop.train_and_evaluate(tiny_config(dataset), str(root / "uninterrupted_run"))
       result.write_text(json.dumps({k: float(v) for k, v in metrics.items()}))
