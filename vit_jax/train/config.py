@@ -80,10 +80,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.evals = ml_collections.ConfigDict({evaluators.MAIN: evaluators.entry_config("classification")})
 
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, dcn_data=-1))  # sharding.make_mesh
-  # How many XLA devices to split a CPU host into (None: JAX's default, one, or the count in
-  # XLA_FLAGS), for data parallelism across processes' devices as on an accelerator pod.
-  # Applied by vit-train before JAX starts (vit_jax/cpu_backend.py); where JAX has already
-  # started with more (a notebook), the run takes the first so many.
+  # XLA devices to split a CPU host into (None: JAX's default, one, or XLA_FLAGS' count), set
+  # by vit-train before JAX starts (vit_jax/cpu_backend.py); where JAX has already started
+  # with more (a notebook), the run takes the first so many.
   c.cpu_devices = ml_collections.FieldReference(None, field_type=int)
   # Seconds without a step ending after which the run stops (exit status 1) instead of
   # hanging; None: 50 median step times, at least 300 s (vit_jax/train/watchdog.py).
