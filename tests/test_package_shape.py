@@ -3,6 +3,7 @@ own part or from the layers below, as the README's code map writes them down), t
 names every module, and functions stay short."""
 import ast
 import pathlib
+import re
 import sys
 
 import pytest
@@ -89,6 +90,17 @@ def test_the_readme_code_map_names_every_module():
   missing = [str(p.relative_to(REPO)) for p in MODULES
              if p.name != "__init__.py" and f"`{p.relative_to(REPO)}`" not in code_map]
   assert not missing, f"add to the README's code map: {missing}"
+
+
+def test_contributing_names_slowest_tests_that_exist():
+  """CONTRIBUTING's list of the slowest tests names tests by file and function: a renamed or
+  merged test must be renamed there too."""
+  text = (REPO / "CONTRIBUTING.md").read_text()
+  named = re.findall(r"`(tests/test_\w+\.py)::(test_\w+)`", text)
+  assert len(named) >= 15, named
+  gone = [f"{f}::{t}" for f, t in named
+          if not (REPO / f).is_file() or f"def {t}(" not in (REPO / f).read_text()]
+  assert not gone, f"CONTRIBUTING names tests that are not there: {gone}"
 
 
 def test_functions_stay_short():
