@@ -8,12 +8,15 @@ import json
 import os
 import pathlib
 import re
+import select
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pytest
@@ -104,6 +107,48 @@ def launch(script: str, *args: str, env: dict | None = None, timeout: int = 60):
   """`python launch/SCRIPT ARGS` from the clone, its output captured."""
   return subprocess.run([sys.executable, str(REPO / "launch" / script), *args], cwd=REPO,
                         env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def read_until(proc: subprocess.Popen, found: Callable[[str], bool],
+               timeout: float = 120) -> tuple[str, str]:
+  """Reads the pipe of `proc`'s stdout until a line for which `found(line)` holds, waiting
+  `timeout` seconds at most in all: (that line, what came after it in the same reads). A
+  child that never writes such a line fails the test with what it wrote, not a wait for ever.
+  It reads the pipe's file descriptor, not its Python buffer: read on with communicate()."""
+  fd, partial, seen = proc.stdout.fileno(), b"", []
+  deadline = time.monotonic() + timeout
+  while True:
+    left = deadline - time.monotonic()
+    chunk = os.read(fd, 1 << 16) if left > 0 and select.select([fd], [], [], left)[0] else None
+    if not chunk:
+      why = f"within {timeout} s" if chunk is None else "before its output ended"
+      pytest.fail(f"no line as awaited {why}; it wrote:\n"
+                  + (b"".join(seen) + partial).decode(errors="replace")[-3000:])
+    *lines, partial = (partial + chunk).split(b"\n")
+    for k, line in enumerate(lines):
+      if found(line.decode(errors="replace")):
+        rest = b"\n".join(lines[k + 1:] + [partial])
+        return line.decode(errors="replace"), rest.decode(errors="replace")
+    seen.extend(line + b"\n" for line in lines)
+
+
+def interrupted_at(args: list[str], text: str, timeout: float = 120,
+                   **popen) -> tuple[int, str]:
+  """Starts `args` (Popen keywords in `popen`) and presses Ctrl-C (SIGINT) once a line of its
+  stdout holds `text` (within `timeout` s): its exit status and what it wrote after that line
+  (within 60 s of the signal). The child is killed at the end whatever happens."""
+  proc = subprocess.Popen(args, stdout=subprocess.PIPE, **popen)
+  try:
+    _, rest = read_until(proc, lambda line: text in line, timeout)
+    proc.send_signal(signal.SIGINT)
+    try:
+      more, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired as e:
+      pytest.fail(f"still running 60 s after Ctrl-C; it wrote after {text!r}:\n{rest}"
+                  + (e.output or b"").decode(errors="replace")[-3000:])
+  finally:
+    proc.kill()
+  return proc.returncode, rest + more.decode(errors="replace")
 
 
 def scripted_gcloud(root: pathlib.Path) -> tuple[dict[str, str], pathlib.Path]:

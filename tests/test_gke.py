@@ -6,7 +6,6 @@ JobSet makes, and restarts exhausted; a real tiny vit-train run through a restar
 evaluation of a run never interrupted."""
 import json
 import re
-import signal
 import subprocess
 import sys
 
@@ -15,7 +14,8 @@ import pytest
 import yaml
 
 import fake_kubectl
-from helpers import REPO, TINY_CONFIG, cpu_env, launch, needs_libtpu, read_scalars, run_inspect
+from helpers import (REPO, TINY_CONFIG, cpu_env, interrupted_at, launch, needs_libtpu, read_scalars,
+                     run_inspect)
 from launch import accelerators, gke
 
 CLUSTER = ["--name", "vit", "--cluster", "c", "--location", "us-central1"]
@@ -273,19 +273,10 @@ def test_an_eviction_mid_run_is_restarted_by_the_jobset(tmp_path):
 def up_until(tmp_path, env: dict, text: str) -> tuple[int, str]:
   """`up` interrupted (Ctrl-C) once a line holds `text`: its exit status and what it said
   after."""
-  p = subprocess.Popen([sys.executable, str(REPO / "launch" / "gke.py"),
-                        *up_args("v5litepod-8", "--poll-seconds", "0.05",
-                                 workdir=str(tmp_path / "run"), config="quickstart")],
-                       env=env, stdout=subprocess.PIPE, text=True, cwd=REPO)
-  try:
-    for line in p.stdout:
-      if text in line:
-        p.send_signal(signal.SIGINT)
-        break
-    rest, _ = p.communicate(timeout=60)
-  finally:
-    p.kill()
-  return p.returncode, rest
+  return interrupted_at([sys.executable, str(REPO / "launch" / "gke.py"),
+                         *up_args("v5litepod-8", "--poll-seconds", "0.05",
+                                  workdir=str(tmp_path / "run"), config="quickstart")],
+                        text, env=env, cwd=REPO)
 
 
 def test_capacity_that_never_comes_ctrl_c_leaves_the_jobset_and_watch_picks_it_up(tmp_path):

@@ -5,13 +5,13 @@ import argparse
 import json
 import re
 import shlex
-import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
-from helpers import REPO, TINY_CONFIG, cpu_env, launch, scripted_gcloud
+from helpers import REPO, TINY_CONFIG, cpu_env, interrupted_at, launch, scripted_gcloud
 from launch import tpu_vm
 
 
@@ -421,22 +421,25 @@ def test_a_job_that_refuses_its_input_stops_at_once(tmp_path):
 def test_ctrl_c_leaves_the_queued_resource_as_it_is(tmp_path):
   env, folder = scripted_gcloud(tmp_path)
   (folder / "history.json").write_text(json.dumps([{"states": ["WAITING_FOR_RESOURCES"]}]))
-  p = subprocess.Popen([sys.executable, str(REPO / "launch" / "tpu_vm.py"), "up", "--queued",
-                        "--recover", "--poll-seconds", "0.05", *QUEUED, "--accelerator-type",
-                        "v5litepod-8", "--config", "quickstart", "--workdir",
-                        str(tmp_path / "run")], env=env,
-                       stdout=subprocess.PIPE, text=True)
-  try:
-    for line in p.stdout:
-      if "WAITING_FOR_RESOURCES" in line:
-        p.send_signal(signal.SIGINT)
-        break
-    rest, _ = p.communicate(timeout=60)
-  finally:
-    p.kill()
-  assert p.returncode == 130
+  code, rest = interrupted_at(
+      [sys.executable, str(REPO / "launch" / "tpu_vm.py"), "up", "--queued", "--recover",
+       "--poll-seconds", "0.05", *QUEUED, "--accelerator-type", "v5litepod-8", "--config",
+       "quickstart", "--workdir", str(tmp_path / "run")], "WAITING_FOR_RESOURCES", env=env)
+  assert code == 130
   assert "stopped following: queued resource vit and its job are left as they are" in rest
   assert not any("delete" in c for c in (folder / "gcloud.log").read_text().splitlines())
+
+
+@pytest.mark.parametrize("script,why", [
+    ("print('starting', flush=True); time.sleep(60)", "within 2 s; it wrote:\nstarting\n"),
+    ("print('starting')", "before its output ended; it wrote:\nstarting\n")])
+def test_a_ctrl_c_test_whose_line_never_comes_fails_in_time_with_what_was_written(script, why):
+  """helpers.interrupted_at: a child silent about the awaited text fails the test (within the
+  bound) with its output, where a plain read of its pipe would wait for ever."""
+  t0 = time.monotonic()
+  with pytest.raises(pytest.fail.Exception, match=re.escape(why)):
+    interrupted_at([sys.executable, "-c", f"import time; {script}"], "never said", timeout=2)
+  assert time.monotonic() - t0 < 30
 
 
 @pytest.mark.parametrize("event,why,same_slice", [
