@@ -155,6 +155,17 @@ def uninterrupted_run(tmp_path_factory, worker_id, dataset) -> dict[str, float]:
   return json.loads(result.read_text())
 
 
+@pytest.fixture
+def children():
+  """children(proc) -> proc: a process the test started, killed at the test's end whatever
+  happens (a failed wait leaves none running behind it)."""
+  started = []
+  yield lambda proc: started.append(proc) or proc
+  for proc in started:
+    proc.kill()
+    proc.wait(timeout=30)
+
+
 @pytest.fixture(scope="session")
 def digits_folder(tmp_path_factory) -> str:
   """The 1,797 real 8x8 handwritten digits of tests/data as an image folder (helpers.py)."""

@@ -132,6 +132,41 @@ def read_until(proc: subprocess.Popen, found: Callable[[str], bool],
     seen.extend(line + b"\n" for line in lines)
 
 
+def stderr_tail(proc: subprocess.Popen) -> str:
+  """The last 3,000 characters of a child's stderr (a pipe), for a failed test's message: the
+  child is killed first where it still runs, so that the read ends (30 s at most)."""
+  proc.kill()
+  try:
+    err = proc.communicate(timeout=30)[1]
+  except subprocess.TimeoutExpired as e:  # Something it started holds the pipe open.
+    err = e.stderr
+  err = err or ""
+  return (err.decode(errors="replace") if isinstance(err, bytes) else err)[-3000:]
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> tuple:
+  """proc.communicate(timeout=timeout); a child still running then fails the test with its
+  stderr so far, and is killed."""
+  try:
+    return proc.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    pytest.fail(f"still running after {timeout} s (killed); its stderr ends:\n"
+                + stderr_tail(proc))
+
+
+def wait_for(ready: Callable[[], bool], proc: subprocess.Popen, timeout: float,
+             what: str) -> None:
+  """Polls `ready()` every 0.2 s while `proc` runs: where `proc` ends first or `timeout`
+  seconds pass, fails the test with its stderr (a pipe; the child killed)."""
+  deadline = time.monotonic() + timeout
+  while not ready():
+    if proc.poll() is not None or time.monotonic() > deadline:
+      why = (f"not within {timeout} s" if proc.returncode is None else
+             f"the child exited with status {proc.returncode} first")
+      pytest.fail(f"{what}: {why}; its stderr ends:\n{stderr_tail(proc)}")
+    time.sleep(0.2)
+
+
 def interrupted_at(args: list[str], text: str, timeout: float = 120,
                    **popen) -> tuple[int, str]:
   """Starts `args` (Popen keywords in `popen`) and presses Ctrl-C (SIGINT) once a line of its

@@ -91,6 +91,6 @@ def test_the_stress_scripts_cpu_limit_holds_the_command_in_its_cgroup():
     quota = group / "cpu.max" if (group / "cpu.max").exists() else group / "cpu.cfs_quota_us"
     assert quota.read_text().split()[0] == "50000"  # Half of each 100 ms period.
     out = subprocess.run(argv("cat /proc/self/cgroup"), check=True, capture_output=True,
-                         text=True).stdout
+                         text=True, timeout=60).stdout
     assert any(line.endswith(f"/{group.name}") for line in out.splitlines()), out
   assert not group.exists()

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from helpers import REPO, TINY_CONFIG, needs_libtpu
+from helpers import REPO, TINY_CONFIG, finish, needs_libtpu, wait_for
 
 
 # Params big enough to be sharded (sharding.fsdp_spec leaves arrays under 2**14 whole).
@@ -109,7 +109,7 @@ def test_plan_chooses_the_mesh_and_remat():
 
 
 @needs_libtpu
-def test_a_plan_out_of_time_ends_with_its_verdict_and_sigterm_with_one_line(tmp_path):
+def test_a_plan_out_of_time_ends_with_its_verdict_and_sigterm_with_one_line(tmp_path, children):
   """--plan_timeout: one line, the closest candidate so far; SIGTERM during a compile: one line,
   not libtpu's stack trace, at once."""
   result = train_cli("--plan", "--topology", "v5e:2x2", *HUGE, "--plan_timeout=1")
@@ -119,17 +119,16 @@ def test_a_plan_out_of_time_ends_with_its_verdict_and_sigterm_with_one_line(tmp_
                       r"slice", result.stderr.strip().splitlines()[-1]), result.stderr
   wide = ["--config.model.hidden_size=1024", "--config.model.mlp_dim=4096",
           "--config.model.num_layers=24", "--config.model.num_heads=16"]  # Compiles for minutes.
-  proc = subprocess.Popen([sys.executable, "-m", "vit_jax.tools.train", "--config", TINY_CONFIG,
-                           "--plan", "--topology", "v5e:2x2", *wide], cwd=REPO, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-  deadline = time.time() + 120
-  while "libtpu" not in pathlib.Path(f"/proc/{proc.pid}/maps").read_text():
-    assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
-    time.sleep(0.2)
+  proc = children(subprocess.Popen(
+      [sys.executable, "-m", "vit_jax.tools.train", "--config", TINY_CONFIG, "--plan",
+       "--topology", "v5e:2x2", *wide], cwd=REPO, text=True, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE))
+  wait_for(lambda: "libtpu" in pathlib.Path(f"/proc/{proc.pid}/maps").read_text(), proc, 120,
+           "libtpu loaded")
   time.sleep(3)  # The topology made, the search compiling.
   proc.send_signal(signal.SIGTERM)
   sent = time.time()
-  _, stderr = proc.communicate(timeout=60)
+  _, stderr = finish(proc, 60)
   assert proc.returncode == 143, stderr[-3000:]
   assert stderr.strip().splitlines()[-1] == "stopped by SIGTERM", stderr[-3000:]
   assert "stack trace" not in stderr and time.time() - sent < 5, stderr[-3000:]

@@ -43,7 +43,7 @@ def venv_with(wheel: pathlib.Path, root: pathlib.Path) -> pathlib.Path:
                         capture_output=True, text=True, timeout=600)
   assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
   site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                        check=True, capture_output=True, text=True).stdout.strip()
+                        check=True, capture_output=True, text=True, timeout=60).stdout.strip()
   pathlib.Path(site, "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
   return python
 

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import REPO, cli, cpu_env, read_scalars, run_cli, tiny_config
+from helpers import REPO, cli, cpu_env, finish, read_scalars, run_cli, tiny_config
 from vit_jax.checkpoint import errors
 from vit_jax.train import loop
 
@@ -120,15 +120,15 @@ def test_the_command_line_unit_replaces_the_config_files_other_unit(tmp_path, da
 
 
 @pytest.mark.slow
-def test_random_kills_and_damage_lose_nothing(tmp_path, dataset):
+def test_random_kills_and_damage_lose_nothing(tmp_path, dataset, children):
   """kill -9 at three seeded random moments (mid-save included), each followed by a damage to
   the newest step: every rerun resumes from the newest step that verifies, and the per-step
   losses end equal to an uninterrupted run's (run beside the first)."""
   flags = ("--config.total_steps=100", "--config.checkpoint_every_steps=5",
            "--config.log_every_steps=1")
   full_log = open(tmp_path / "full.log", "w")  # Not a pipe: nobody reads it until the end.
-  full = subprocess.Popen(cli(tmp_path / "full", dataset, *flags), env=cpu_env(), cwd=REPO,
-                          stdout=subprocess.DEVNULL, stderr=full_log)
+  full = children(subprocess.Popen(cli(tmp_path / "full", dataset, *flags), env=cpu_env(),
+                                   cwd=REPO, stdout=subprocess.DEVNULL, stderr=full_log))
   rng = random.Random(1234)
   workdir = tmp_path / "run"
   saved = lambda: steps_in(workdir) if (workdir / "checkpoints").is_dir() else []  # noqa: E731
@@ -136,8 +136,9 @@ def test_random_kills_and_damage_lose_nothing(tmp_path, dataset):
   while True:
     runs += 1
     before = (saved() or [0])[-1]
-    proc = subprocess.Popen(cli(workdir, dataset, *flags), env=cpu_env(), cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = children(subprocess.Popen(cli(workdir, dataset, *flags), env=cpu_env(), cwd=REPO,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     text=True))
     if kills < 3:
       # Once this run has saved a step (start-up speed varies), a random moment in the
       # steps and saves that follow.
@@ -148,7 +149,7 @@ def test_random_kills_and_damage_lose_nothing(tmp_path, dataset):
       if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
         kills += 1
-    _, err = proc.communicate(timeout=600)
+    _, err = finish(proc, 600)
     if proc.returncode == 0:
       break
     assert runs < 40, err[-3000:]

@@ -2,7 +2,6 @@
 rerun resumes to the same losses; a step that never ends stops the run with status 1 and
 one message (the stall, the step, the last checkpoint, the command to resume), and SIGTERM or
 Ctrl-C during a stall ends it within 30 s (train/watchdog.py)."""
-import os
 import re
 import signal
 import subprocess
@@ -11,15 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import REPO, cli, cpu_env, read_scalars, run_cli
-
-
-def _wait_for(path, proc, timeout=300):
-  t0 = time.time()
-  while not os.path.isdir(path):
-    assert proc.poll() is None, proc.communicate()[1][-3000:]
-    assert time.time() - t0 < timeout, f"{path} never appeared"
-    time.sleep(0.2)
+from helpers import REPO, cli, cpu_env, finish, read_scalars, run_cli, wait_for
 
 
 # Every random AugReg ingredient on: RandAugment, mixup, label smoothing, stochastic depth.
@@ -32,19 +23,19 @@ AUGREG_FLAGS = ("--config.data.randaug_layers=2", "--config.data.randaug_magnitu
 # tests/test_e2e_resume.py's random-kills test.
 @pytest.mark.slow
 @pytest.mark.parametrize("sig,flags", [(signal.SIGTERM, AUGREG_FLAGS)], ids=["SIGTERM_augreg"])
-def test_killed_run_resumes_to_the_same_losses(tmp_path, dataset, sig, flags):
-  start = lambda workdir, stderr: subprocess.Popen(  # noqa: E731
+def test_killed_run_resumes_to_the_same_losses(tmp_path, dataset, children, sig, flags):
+  start = lambda workdir, stderr: children(subprocess.Popen(  # noqa: E731
       cli(workdir, dataset, "--config.total_steps=24", *flags), env=cpu_env(), cwd=REPO,
-      stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+      stdout=subprocess.DEVNULL, stderr=stderr, text=True))
   # The uninterrupted reference, beside the killed run; its log in a file nobody reads until
   # the end (a pipe could fill and stop it).
   full_log = open(tmp_path / "full.log", "w")
   full = start(tmp_path / "full", full_log)
   workdir = tmp_path / "killed"
   proc = start(workdir, subprocess.PIPE)
-  _wait_for(workdir / "checkpoints" / "8", proc)
+  wait_for((workdir / "checkpoints" / "8").is_dir, proc, 300, "checkpoint 8")
   proc.send_signal(sig)
-  _, stderr = proc.communicate(timeout=120)
+  _, stderr = finish(proc, 120)
   # Saved, then a non-zero status (128 + the signal's number), so a scheduler restarts it.
   assert proc.returncode == 128 + sig, stderr[-3000:]
   # One line on the console for the stop (the log file has the rest).
@@ -76,26 +67,26 @@ def stalling_run(workdir, dataset, *flags) -> subprocess.Popen:
 
 @pytest.mark.slow
 def test_a_stall_stops_the_run_with_a_message_and_a_signal_during_one_ends_it_within_30s(
-    tmp_path, dataset):
+    tmp_path, dataset, children):
   """Three runs side by side (their waits overlap), each stalled at step STALL_AT: one stopped
   by config.stall_timeout_s, one by SIGTERM and one by Ctrl-C (SIGINT) during the stall. The
   resume from step 4 is the SIGTERM case above."""
   t0 = time.time()
-  timed_out = stalling_run(tmp_path / "timeout", dataset, "--config.stall_timeout_s=5")
+  timed_out = children(stalling_run(tmp_path / "timeout", dataset,
+                                    "--config.stall_timeout_s=5"))
   signals = (signal.SIGTERM, signal.SIGINT)
-  procs = {sig: stalling_run(tmp_path / sig.name, dataset) for sig in signals}  # Bound: minutes.
-  deadline = time.time() + 240
+  procs = {sig: children(stalling_run(tmp_path / sig.name, dataset)) for sig in signals}
+  deadline = time.time() + 240  # Bound: minutes.
   for sig, proc in procs.items():
-    while not (tmp_path / sig.name / "checkpoints" / "4").is_dir():
-      assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
-      time.sleep(0.2)
+    wait_for((tmp_path / sig.name / "checkpoints" / "4").is_dir, proc,
+             deadline - time.time(), f"{sig.name}'s checkpoint 4")
   time.sleep(5)  # Step 7 never ends: the main threads wait inside XLA.
   sent = {}
   for sig, proc in procs.items():  # Both at once: each run's wait is its own.
     proc.send_signal(sig)
     sent[sig] = time.time()
   for sig, proc in procs.items():
-    _, stderr = proc.communicate(timeout=60)
+    _, stderr = finish(proc, 60)
     assert time.time() - sent[sig] < 30, sig.name
     assert proc.returncode == 1, stderr[-3000:]
     assert f"{sig.name} received" in stderr and "last saved checkpoint is step 4" in stderr
@@ -104,7 +95,7 @@ def test_a_stall_stops_the_run_with_a_message_and_a_signal_during_one_ends_it_wi
   for sig in signals:
     assert sorted(p.name for p in (tmp_path / sig.name / "checkpoints").iterdir()) == ["4"]
 
-  _, stderr = timed_out.communicate(timeout=300)
+  _, stderr = finish(timed_out, 300)
   assert timed_out.returncode == 1, stderr[-3000:]
   message = [line for line in stderr.splitlines() if line.startswith("error: ")]
   assert len(message) == 1, stderr[-3000:]

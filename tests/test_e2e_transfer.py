@@ -8,11 +8,10 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from helpers import REPO, cpu_env, read_scalars, xla_flags
+from helpers import REPO, cpu_env, finish, read_scalars, wait_for, xla_flags
 from vit_jax.tools import transfer
 
 
@@ -71,7 +70,7 @@ def _task_rows(out_dir, task: str) -> list[dict[str, str]]:
 
 @pytest.mark.slow
 def test_sigterm_stops_a_sweep_after_saving_and_the_rerun_completes_it(
-    tmp_path, dataset, digits_folder, tiny_npz):
+    tmp_path, dataset, digits_folder, tiny_npz, children):
   """SIGTERM (a pre-emption) while a two-task sweep trains its first task: that task saves and
   writes no row, the second never starts, the status is 143; the rerun resumes the first from
   its checkpoint and runs the second, and no row says failed."""
@@ -79,16 +78,13 @@ def test_sigterm_stops_a_sweep_after_saving_and_the_rerun_completes_it(
   flags = [tiny_npz, "--suite", f"fashion_mnist,{digits_folder}", "--out_dir", str(tmp_path),
            "--image_size=28", "--batch_size=16", "--steps=150", "--lr_grid=0.1",
            "--data_dir", data_dir]
-  proc = subprocess.Popen([sys.executable, "-m", "vit_jax.tools.transfer", *flags],
-                          env=cpu_env(), cwd=REPO, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
-  training = lambda: list(tmp_path.glob("*/fashion_mnist/**/events.out.tfevents.*"))  # noqa
-  t0 = time.time()
-  while not training():
-    assert proc.poll() is None and time.time() - t0 < 300, proc.communicate()[1][-3000:]
-    time.sleep(0.1)
+  proc = children(subprocess.Popen([sys.executable, "-m", "vit_jax.tools.transfer", *flags],
+                                   env=cpu_env(), cwd=REPO, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True))
+  wait_for(lambda: any(tmp_path.glob("*/fashion_mnist/**/events.out.tfevents.*")), proc, 300,
+           "the first task's events file")
   proc.send_signal(signal.SIGTERM)  # The job's handler is in place once its events file is.
-  _, stderr = proc.communicate(timeout=120)
+  _, stderr = finish(proc, 120)
   assert proc.returncode == 143, stderr[-3000:]
   [last] = [line for line in stderr.splitlines() if "stop" in line.lower()]  # One line.
   assert last == stderr.strip().splitlines()[-1], stderr[-3000:]

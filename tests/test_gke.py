@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 import fake_kubectl
-from helpers import (REPO, TINY_CONFIG, cpu_env, interrupted_at, launch, needs_libtpu, read_scalars,
-                     run_inspect)
+from helpers import (REPO, TINY_CONFIG, cpu_env, finish, interrupted_at, launch, needs_libtpu,
+                     read_scalars, read_until, run_inspect)
 from launch import accelerators, gke
 
 CLUSTER = ["--name", "vit", "--cluster", "c", "--location", "us-central1"]
@@ -299,18 +299,21 @@ def test_capacity_that_never_comes_ctrl_c_leaves_the_jobset_and_watch_picks_it_u
   assert told[-1].startswith("finished at step 0")
 
 
-def test_watch_over_a_running_jobset_records_no_wait_again(tmp_path):
+def test_watch_over_a_running_jobset_records_no_wait_again(tmp_path, children):
   """Ctrl-C once the pods run, then `watch`: the first wait is in goodput.json once."""
   go = tmp_path / "go"  # The stand-in runs until the test creates it.
   env, folder = scripted_cluster(tmp_path, [{"pending": 2}], python=stand_in(
       tmp_path, f"while [ ! -e {go} ]; do sleep 0.1; done"))
-  assert up_until(tmp_path, env, "pods: 1 running")[0] == 130
-  watch = subprocess.Popen([sys.executable, str(REPO / "launch" / "gke.py"), "watch", *CLUSTER,
-                            "--poll-seconds", "0.05"], env=env, stdout=subprocess.PIPE,
-                           text=True, cwd=REPO)
-  first = next(line for line in watch.stdout if TIME.match(line))
-  go.touch()
-  assert watch.wait(timeout=120) == 0
+  try:
+    assert up_until(tmp_path, env, "pods: 1 running")[0] == 130
+    watch = children(subprocess.Popen(
+        [sys.executable, str(REPO / "launch" / "gke.py"), "watch", *CLUSTER, "--poll-seconds",
+         "0.05"], env=env, stdout=subprocess.PIPE, cwd=REPO))
+    first, _ = read_until(watch, TIME.match)
+  finally:
+    go.touch()  # Whatever happened: the stand-in would loop for ever.
+  finish(watch, 120)
+  assert watch.returncode == 0
   assert TIME.sub("", first).strip() == "pods: 1 running"
   record = json.loads((tmp_path / "run" / "goodput.json").read_text())
   assert [c["why"] for c in record["capacity"]] == ["the first request"]

@@ -432,7 +432,8 @@ def test_ctrl_c_leaves_the_queued_resource_as_it_is(tmp_path):
 
 @pytest.mark.parametrize("script,why", [
     ("print('starting', flush=True); time.sleep(60)", "within 2 s; it wrote:\nstarting\n"),
-    ("print('starting')", "before its output ended; it wrote:\nstarting\n")])
+    ("print('starting')", "before its output ended; it wrote:\nstarting\n")],
+    ids=["silent", "ends_first"])
 def test_a_ctrl_c_test_whose_line_never_comes_fails_in_time_with_what_was_written(script, why):
   """helpers.interrupted_at: a child silent about the awaited text fails the test (within the
   bound) with its output, where a plain read of its pipe would wait for ever."""
@@ -720,7 +721,7 @@ def test_up_replaces_a_failed_queued_resource_left_by_an_older_launcher(tmp_path
                                                    {"states": ["ACTIVE"]}]))
   fake = [sys.executable, "-S", str(REPO / "tests" / "fake_gcloud.py")]
   subprocess.run([*fake, "compute", "tpus", "queued-resources", "create", "vit", "--node-id=vit"],
-                 env=env, check=True)
+                 env=env, check=True, timeout=60)
   result = launch("tpu_vm.py", "create", "--queued", "--poll-seconds", "0.05", *QUEUED[:-1],
                   env=env)
   assert result.returncode == 0, result.stderr
@@ -801,7 +802,7 @@ def test_watch_waits_for_a_queued_resource_still_waiting_and_starts_the_job(tmp_
       [{"states": ["WAITING_FOR_RESOURCES", "WAITING_FOR_RESOURCES", "ACTIVE"]}]))
   fake = [sys.executable, "-S", str(REPO / "tests" / "fake_gcloud.py")]
   subprocess.run([*fake, "compute", "tpus", "queued-resources", "create", "vit", "--node-id=vit"],
-                 env=env, check=True)
+                 env=env, check=True, timeout=60)
   job = tmp_path / "job.py"
   job.write_text("import os, sys\nfrom vit_jax import goodput\n"
                  "workdir = sys.argv[sys.argv.index('--workdir') + 1]\n"

@@ -113,7 +113,7 @@ def test_slurm_gets_a_job_per_task_and_a_report_after_them(tmp_path, tiny_npz, m
     assert transfer.main([*flags, *(["--dry_run"] if dry else []), "--",
                           "--partition", "gpu"]) == 0
     if dry:
-      subprocess.run(["bash", "-e", "-c", capfd.readouterr().out], check=True)
+      subprocess.run(["bash", "-e", "-c", capfd.readouterr().out], check=True, timeout=60)
     submitted.append([json.loads(line) for line in log.read_text().splitlines()])
   assert submitted[0] == submitted[1]
   *tasks_, report_job = submitted[0]

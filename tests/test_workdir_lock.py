@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import subprocess
+import time
 
 import pytest
 
@@ -22,7 +23,7 @@ def write_lock(workdir, host: str, pid: int) -> None:
 
 def dead_pid() -> int:
   child = subprocess.Popen(["true"])
-  child.wait()  # Reaped: its PID names no process now.
+  child.wait(timeout=30)  # Reaped: its PID names no process now.
   return child.pid
 
 
@@ -73,13 +74,14 @@ def test_a_killed_holder_not_yet_reaped_is_dead(tmp_path):
   container): its lock is free, and the run restarted at once takes it."""
   child = subprocess.Popen(["sleep", "60"])
   child.kill()
+  deadline = time.monotonic() + 30
   while not workdir_lock._zombie(child.pid):  # Ended; not waited for.
-    pass
+    assert time.monotonic() < deadline, f"killed process {child.pid} never became a zombie"
   write_lock(tmp_path, socket.gethostname(), child.pid)
   lock = workdir_lock.take(str(tmp_path))
   assert json.loads((tmp_path / "lock").read_text())["pid"] == os.getpid()
   lock.release()
-  child.wait()
+  child.wait(timeout=30)
 
 
 def test_release_leaves_a_lock_that_another_process_holds_now(tmp_path):
