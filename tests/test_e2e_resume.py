@@ -137,8 +137,7 @@ def test_random_kills_and_damage_lose_nothing(tmp_path, dataset, children):
     runs += 1
     before = (saved() or [0])[-1]
     proc = children(subprocess.Popen(cli(workdir, dataset, *flags), env=cpu_env(), cwd=REPO,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True))
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     if kills < 3:
       # Once this run has saved a step (start-up speed varies), a random moment in the
       # steps and saves that follow.
