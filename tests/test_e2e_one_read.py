@@ -47,9 +47,10 @@ def made(tmp_path_factory, tiny_npz, dataset):
   return types.SimpleNamespace(tmp=tmp, reads=reads)
 
 
-# The settings of a one-step fine-tuning run, as dotted config keys.
+# The settings of a one-step fine-tuning run, as dotted config keys; on one of the session's
+# 8 devices (its reads are the question, not its sharding).
 ONE_STEP = {"total_steps": 1, "warmup_steps": 0, "data.train_split": "train[:64]",
-            "data.eval_split": "test[:32]"}
+            "data.eval_split": "test[:32]", "cpu_devices": 1}
 # The model fields that differ from tiny_config's (the .npz's, and so the runs') by kind.
 FIELDS = {"hf-hub": {"patch_size": 16, "mlp_dim": 128},
           "augreg": dict(AUGREG_TINY, patch_size=16)}
