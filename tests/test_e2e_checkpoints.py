@@ -23,10 +23,23 @@ from vit_jax.serving import convert, images, predictors
 from vit_jax.train import loop
 
 
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory, dataset):
+  """A 2-step run of tiny_config, trained once for the tests that read it (none writes into
+  it), given its workdir as a relative path (orbax takes absolute paths only)."""
+  workdir = tmp_path_factory.mktemp("two_steps")
+  here = os.getcwd()
+  os.chdir(workdir.parent)
+  try:
+    loop.train_and_evaluate(tiny_config(dataset, total_steps=2), workdir.name)
+  finally:
+    os.chdir(here)
+  return workdir
+
+
 @pytest.mark.slow
-def test_a_training_run_loads_from_its_workdir_and_step_dir(tmp_path, dataset, monkeypatch):
-  monkeypatch.chdir(tmp_path.parent)  # A relative workdir (orbax takes absolute paths only).
-  loop.train_and_evaluate(tiny_config(dataset, total_steps=2), tmp_path.name)
+def test_a_training_run_loads_from_its_workdir_and_step_dir(two_steps):
+  tmp_path = two_steps
   flat, meta = run.read_params(tmp_path / "checkpoints" / "2")
   assert meta["model_name"] == "ViT-Ti_16"
   for path in (tmp_path, tmp_path / "checkpoints" / "2"):
@@ -43,9 +56,8 @@ def test_a_training_run_loads_from_its_workdir_and_step_dir(tmp_path, dataset, m
 
 
 @pytest.mark.slow
-def test_a_workdir_and_its_step_dir(tmp_path, capsys, monkeypatch, dataset):
-  from vit_jax.train import loop
-  loop.train_and_evaluate(tiny_config(dataset, total_steps=2), str(tmp_path))
+def test_a_workdir_and_its_step_dir(two_steps, capsys, monkeypatch):
+  tmp_path = two_steps
   step_dir = tmp_path / "checkpoints" / "2"
   for path in (tmp_path, step_dir):
     rc, out, _ = run_inspect(capsys, path, "--json")
@@ -66,12 +78,11 @@ def test_a_workdir_and_its_step_dir(tmp_path, capsys, monkeypatch, dataset):
 
 
 @pytest.mark.slow
-def test_a_training_run_exports_from_its_workdir_and_step_dir(tmp_path, dataset, digits_folder):
-  from vit_jax.train import loop
-  loop.train_and_evaluate(tiny_config(dataset, total_steps=2), str(tmp_path / "run"))
+def test_a_training_run_exports_from_its_workdir_and_step_dir(two_steps, tmp_path,
+                                                               digits_folder):
   files = sorted(glob.glob(os.path.join(digits_folder, "test", "*", "*.png")))[:7]
-  for path, fmt, out in ((tmp_path / "run", "savedmodel", tmp_path / "saved_model"),
-                         (tmp_path / "run" / "checkpoints" / "2", "tflite", tmp_path / "m.tflite")):
+  for path, fmt, out in ((two_steps, "savedmodel", tmp_path / "saved_model"),
+                         (two_steps / "checkpoints" / "2", "tflite", tmp_path / "m.tflite")):
     loaded, checked = convert.export(str(path), str(out), fmt)
     assert checked <= convert.TOLERANCE  # What it measured in the runtime, on its own images.
     assert loaded.model.name_in_registry == "ViT-Ti_16" and loaded.image_size == 28
@@ -131,16 +142,15 @@ def test_a_run_with_an_average_resumes_exactly_and_reads_as_a_checkpoint(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_run_without_an_average_says_so(tmp_path, dataset):
-  from vit_jax.train import loop
-  loop.train_and_evaluate(tiny_config(dataset, total_steps=2), str(tmp_path))
+def test_a_run_without_an_average_says_so(two_steps, tmp_path):
   with pytest.raises(errors.CheckpointError, match="holds no moving average of the "
                      "parameters: its run had no config.ema_decay"):
-    loader.load(f"ema:{tmp_path}")
+    loader.load(f"ema:{two_steps}")
   with pytest.raises(errors.CheckpointError, match="`ema:` takes a training run's"):
     loader.load(f"ema:{tmp_path / 'none.npz'}")
   with pytest.raises(errors.CheckpointError, match="is not a LoRA run"):
-    loader.export_adapters(str(tmp_path), str(tmp_path / "lora.npz"))
+    loader.export_adapters(str(two_steps), str(tmp_path / "lora.npz"))
+  assert not (tmp_path / "lora.npz").exists()
 
 
 def test_export_cli_writes_each_format(tmp_path, digits_folder):
