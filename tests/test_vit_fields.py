@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import random_like, randomised_torch
+from helpers import apply, random_like, randomised_torch
 from vit_jax import models
 from vit_jax.checkpoint import errors, npz
 from vit_jax.checkpoint.layouts import timm_eva, timm_vit
@@ -128,8 +128,8 @@ def test_block_is_timms(form):
     theirs = reference(torch.from_numpy(x), **kw).numpy()
   rope = None if kind == "none" else rope_lib.embedding(kind, GRID, WIDTH // HEADS,
                                                         16 if kind == "eva" else None)
-  ours, _ = vit.Encoder1DBlock(HIDDEN, HEADS, **fields).apply(
-      {"params": block_params(reference)}, x, rope)
+  ours, _ = apply(vit.Encoder1DBlock(HIDDEN, HEADS, **fields),
+                  {"params": block_params(reference)}, x, rope)
   np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4, rtol=1e-4)
 
 
@@ -161,7 +161,7 @@ def test_clip_form_is_timms():
   del arrays["head/bias"]
   model = vit.VisionTransformer(num_classes=8, pre_norm=True, gelu="quick", layer_norm_eps=1e-5,
                                 head_bias=False, **TINY)
-  ours = model.apply({"params": npz.unflatten(arrays)}, images(32, 32))
+  ours = apply(model, {"params": npz.unflatten(arrays)}, images(32, 32))
   np.testing.assert_allclose(np.asarray(ours), timm_models.logits(reference, images(32, 32)),
                              atol=1e-4, rtol=1e-4)
 
@@ -173,7 +173,7 @@ def test_dinov2_form_is_timms():
   model = vit.VisionTransformer(num_classes=8, layer_scale=True, gelu="exact", **TINY)
   params = npz.unflatten(timm_vit.to_npz(reference))
   assert set(params["Transformer"]["encoderblock_1"]) >= {"LayerScale_0", "LayerScale_1"}
-  ours = model.apply({"params": params}, images(32, 32))
+  ours = apply(model, {"params": params}, images(32, 32))
   np.testing.assert_allclose(np.asarray(ours), timm_models.logits(reference, images(32, 32)),
                              atol=1e-4, rtol=1e-4)
 
@@ -186,7 +186,7 @@ def test_patch_mean_beside_a_class_token_with_fc_norm_is_timms():
   assert "fc_norm" in params and "encoder_norm" not in params["Transformer"]
   model = vit.VisionTransformer(num_classes=8, classifier="gap", class_token=True,
                                 fc_norm=True, gelu="exact", **TINY)
-  ours = model.apply({"params": params}, images(32, 32))
+  ours = apply(model, {"params": params}, images(32, 32))
   np.testing.assert_allclose(np.asarray(ours), timm_models.logits(reference, images(32, 32)),
                              atol=1e-4, rtol=1e-4)
 
@@ -208,7 +208,7 @@ def test_to_npz_converts_what_the_layout_reads(form):
   timm_kwargs, fields = CONVERTED[form]
   reference = tiny_timm_vit(**timm_kwargs(timm.layers))
   model = vit.VisionTransformer(num_classes=8, gelu="exact", **TINY | fields)
-  ours = model.apply({"params": npz.unflatten(timm_vit.to_npz(reference))}, images(32, 32))
+  ours = apply(model, {"params": npz.unflatten(timm_vit.to_npz(reference))}, images(32, 32))
   np.testing.assert_allclose(np.asarray(ours), timm_models.logits(reference, images(32, 32)),
                              atol=1e-4, rtol=1e-4)
 
@@ -279,7 +279,7 @@ def test_eva_forms_are_timms_at_two_sizes(architecture):
   model = vit.VisionTransformer(num_classes=8, dynamic_image_size=True, **ours_fields, **TINY)
   params = eva_tree({k: t(v) for k, v in reference.state_dict().items()}, architecture)
   for h, w in ((32, 32), (48, 40)):
-    ours = model.apply({"params": params}, images(h, w))
+    ours = apply(model, {"params": params}, images(h, w))
     np.testing.assert_allclose(np.asarray(ours), timm_models.logits(reference, images(h, w)),
                                atol=1e-4, rtol=1e-4)
   maps, prefix = features.forward_intermediates(model, params, images(48, 40), [0, 1],
@@ -341,20 +341,20 @@ def test_every_field_on_runs_every_way():
   model = every_field_model()
   x = images(40, 32)
   params = random_like(jax.eval_shape(model.init, jax.random.key(0), x)["params"], 0.3, 0)
-  want = model.apply({"params": params}, x)
+  want = apply(model, {"params": params}, x)
   for other in (model.clone(attention_impl="xla"), model.clone(remat=True)):
-    np.testing.assert_allclose(other.apply({"params": params}, x), want, atol=1e-5, rtol=1e-5)
-  logits, aux = model.apply({"params": params}, x, return_attention=True)
+    np.testing.assert_allclose(apply(other, {"params": params}, x), want, atol=1e-5, rtol=1e-5)
+  logits, aux = apply(model, {"params": params}, x, return_attention=True)
   assert aux["attention"][0].shape == (2, 2, 23, 23)  # cls, 2 registers, 5x4 patches.
   np.testing.assert_allclose(logits, want, atol=1e-5, rtol=1e-5)
-  bf16 = model.clone(dtype=jnp.bfloat16).apply({"params": params}, x)
+  bf16 = apply(model.clone(dtype=jnp.bfloat16), {"params": params}, x)
   np.testing.assert_allclose(bf16, want, atol=0.05 * np.abs(want).max())
   lora = model.clone(lora_rank=2, lora_targets=("query", "key", "Dense_0", "Dense_1"))
   adapters = npz.flatten(lora.init(jax.random.key(1), x)["params"])
   assert "Transformer/encoderblock_0/MlpBlock_3/Dense_0/lora_a" in adapters
   adapted = npz.unflatten(adapters | npz.flatten(params))
   # B starts at zero: the adapted model computes what its base does.
-  np.testing.assert_allclose(lora.apply({"params": adapted}, x), want, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(apply(lora, {"params": adapted}, x), want, atol=1e-5, rtol=1e-5)
   maps, prefix = features.forward_intermediates(model, params, x, [0, 1], norm=True,
                                                 prefix_tokens=True)
   assert maps[1].shape == (2, 5, 4, 32) and prefix[1].shape == (2, 3, 32)
@@ -423,7 +423,7 @@ def test_transformers_dinov2_with_swiglu_is_ours_at_two_sizes():
       num_classes=None, layer_scale=True, mlp="swiglu", gelu="exact", dynamic_image_size=True,
       posemb_interpolation="bicubic_no_antialias", **(TINY | {"mlp_dim": 88}))
   for h, w in ((32, 32), (48, 64)):
-    _, aux = model.apply({"params": params}, images(h, w), return_aux=True)
+    _, aux = apply(model, {"params": params}, images(h, w), return_aux=True)
     with torch.no_grad():
       out = reference(torch.from_numpy(images(h, w).transpose(0, 3, 1, 2)))
     np.testing.assert_allclose(aux["pre_logits"], out.pooler_output.numpy(), atol=1e-4,
