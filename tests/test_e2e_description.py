@@ -28,7 +28,8 @@ FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory, dataset) -> str:
   workdir = str(tmp_path_factory.mktemp("described_run"))
-  loop.train_and_evaluate(tiny_config(dataset, **{"data.value_range": VALUE_RANGE}), workdir)
+  loop.train_and_evaluate(tiny_config(dataset, cpu_devices=1, **{"data.value_range": VALUE_RANGE}),
+                          workdir)
   return workdir
 
 
@@ -130,7 +131,7 @@ def test_predict_prints_the_class_names_the_checkpoint_records(workdir, digits_f
 
 def test_fine_tuning_takes_the_value_range_of_its_starting_checkpoint(workdir, dataset,
                                                                       tmp_path):
-  c = tiny_config(dataset, total_steps=2, pretrained=workdir)
+  c = tiny_config(dataset, total_steps=2, pretrained=workdir, cpu_devices=1)
   loop.train_and_evaluate(c, str(tmp_path / "ft"))
   described = loader.describe(str(tmp_path / "ft"))
   assert described.preprocessing.value_range == VALUE_RANGE and described.parent == workdir
@@ -144,7 +145,7 @@ def test_fine_tuning_takes_the_value_range_of_its_starting_checkpoint(workdir, d
 @pytest.mark.slow
 def test_a_run_fine_tuned_from_mean_and_std_trains_and_is_described_so(tmp_path, dataset):
   path = _mean_std_npz(tmp_path, dataset)
-  loop.train_and_evaluate(tiny_config(dataset, total_steps=2, pretrained=path),
+  loop.train_and_evaluate(tiny_config(dataset, total_steps=2, pretrained=path, cpu_devices=1),
                           str(tmp_path / "ft"))
   described = loader.describe(str(tmp_path / "ft")).preprocessing
   assert (described.mean, described.std, described.value_range) == (IMAGENET_MEAN,

@@ -41,7 +41,7 @@ def test_fine_tuning_from_the_hub_takes_its_gelu_fc_norm_and_normalisation(tmp_p
 def test_finetune_and_fewshot_from_augreg(zoo_dir, tmp_path, monkeypatch, digits_folder):
   monkeypatch.setenv("VIT_JAX_AUGREG_DIR", zoo_dir)
   monkeypatch.setenv("VIT_JAX_CACHE", str(tmp_path / "cache"))
-  c = tiny_config((digits_folder, None), total_steps=4, checkpoint_every_steps=4,
+  c = tiny_config((digits_folder, None), total_steps=4, checkpoint_every_steps=4, cpu_devices=1,
                   pretrained="augreg:Ti_16", **{f"model.{k}": v for k, v in TINY.items()},
                   **{"model.patch_size": 16, "data.image_size": 32, "data.eval_split": "test"})
   metrics = loop.train_and_evaluate(c, str(tmp_path / "ft"))

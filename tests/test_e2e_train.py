@@ -38,8 +38,8 @@ def test_loss_goes_down_and_eval_counts_every_example(tmp_path, dataset):
 
 
 def test_nonfinite_loss_stops_naming_the_step_and_keeps_good_checkpoints(tmp_path, dataset):
-  c = tiny_config(dataset, total_steps=40, checkpoint_every_steps=2, **{"optimizer.lr": 1e6,
-                                                                          "optimizer.grad_clip_norm": 0.0})
+  c = tiny_config(dataset, total_steps=40, checkpoint_every_steps=2, cpu_devices=1,
+                  **{"optimizer.lr": 1e6, "optimizer.grad_clip_norm": 0.0})
   with pytest.raises(loop.NonFiniteLossError, match=r"NaN/inf at step \d+.*last good checkpoint"):
     loop.train_and_evaluate(c, str(tmp_path))
   steps = [int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
@@ -119,7 +119,7 @@ def test_a_second_vit_train_on_a_workdir_in_use_exits_2_and_writes_nothing(tmp_p
 @pytest.mark.slow
 def test_an_extra_evaluation_runs_beside_the_runs_own(tmp_path, dataset):
   from vit_jax.train import loop
-  c = tiny_config(dataset, total_steps=2)
+  c = tiny_config(dataset, total_steps=2, cpu_devices=1)
   c.evals.again = registry.entry_config("classification", dataset=dataset[0], split="test[:256]")
   metrics = loop.train_and_evaluate(c, str(tmp_path))
   assert metrics["again_num_examples"] == metrics["num_examples"] == 256
@@ -162,7 +162,7 @@ def test_an_evaluator_of_the_users_runs_in_a_training_run(tmp_path, dataset, mon
   (package / "norm.py").write_text(_USER_EVALUATOR)
   monkeypatch.syspath_prepend(str(tmp_path))
   from vit_jax.train import loop
-  c = tiny_config(dataset, total_steps=4, **{"data.eval_split": "test[:64]"})
+  c = tiny_config(dataset, total_steps=4, cpu_devices=1, **{"data.eval_split": "test[:64]"})
   c.evals.norm = {"type": "my_evals.norm", "scale": 2.0, "every_steps": 2, "at_end": False}
   metrics = loop.train_and_evaluate(c, str(tmp_path / "run"))
   import my_evals.norm
