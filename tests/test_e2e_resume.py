@@ -2,6 +2,7 @@
 run goes on from the newest step that verifies; changed configs are refused field by field,
 another model's workdir even with the opt-in; a finished run reports its result; kill -9 and
 damage at random moments lose nothing (SIGTERM and stalls: test_e2e_stop.py)."""
+import json
 import random
 import shutil
 import signal
@@ -126,13 +127,11 @@ def test_random_kills_and_damage_lose_nothing(tmp_path, dataset, children):
   """kill -9 at three seeded random moments (mid-save included), each followed by a damage to
   the newest step: every rerun resumes from the newest step that verifies, and the per-step
   losses end equal to an uninterrupted run's (run beside the first)."""
-  flags = ("--config.total_steps=100", "--config.checkpoint_every_steps=5",
-           "--config.log_every_steps=1")
+  flags = "--config.total_steps=100", "--config.checkpoint_every_steps=5", "--config.log_every_steps=1"
   full_log = open(tmp_path / "full.log", "w")  # Not a pipe: nobody reads it until the end.
-  # The reference saves its last step alone: saving changes no step's loss.
-  full = children(subprocess.Popen(cli(tmp_path / "full", dataset, *flags,
-                                       "--config.checkpoint_every_steps=100"), env=cpu_env(),
-                                   cwd=REPO, stdout=subprocess.DEVNULL, stderr=full_log))
+  full = children(subprocess.Popen(  # Saves its last step alone: saving changes no loss.
+      cli(tmp_path / "full", dataset, *flags, "--config.checkpoint_every_steps=100"),
+      env=cpu_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=full_log))
   rng = random.Random(1234)
   workdir = tmp_path / "run"
   saved = lambda: steps_in(workdir) if (workdir / "checkpoints").is_dir() else []  # noqa: E731
@@ -174,6 +173,39 @@ def test_random_kills_and_damage_lose_nothing(tmp_path, dataset, children):
                                 [expected[s] for s in range(1, 101)])
   print(f"\nkills: {kills}, runs: {runs}, damaged (step, how): {damaged}, set aside: {corrupt}, "
         f"newest checkpoint lost per interruption (steps): {lost}")
+
+
+def test_a_resume_restores_into_shapes_and_a_run_without_a_good_step_starts_again(
+    tmp_path, dataset, reference, monkeypatch):
+  """A resume restores into the state's shapes and shardings (no initial state is compiled,
+  computed or held beside the restored one); with every step set aside the run starts again
+  from its initialisation, step for step the uninterrupted run."""
+  from vit_jax.train import trainer
+  ref_dir, expected = reference
+  resumed, again = tmp_path / "resumed", tmp_path / "again"
+  for workdir in (resumed, again):
+    shutil.copytree(ref_dir, workdir)
+    for f in workdir.glob("events.out.tfevents.*"):
+      f.unlink()
+  shutil.rmtree(resumed / "checkpoints" / "24")
+  for step in (16, 20, 24):  # Each step's record of its arrays' checksums, one value off.
+    meta = again / "checkpoints" / str(step) / "meta" / "metadata"
+    record = json.loads(meta.read_text())
+    record["checksums"][".step"] += 1
+    meta.write_text(json.dumps(record))
+  init_state = trainer.init_state
+  with monkeypatch.context() as m:
+    m.setattr(trainer, "init_state", lambda *a, **k: pytest.fail("initialised to resume"))
+    loop.train_and_evaluate(tiny_config(dataset, total_steps=24), str(resumed))
+  assert sorted(losses_by_step(resumed)) == [21, 22, 23, 24]
+  calls = []
+  monkeypatch.setattr(trainer, "init_state", lambda *a, **k: calls.append(1) or init_state(*a, **k))
+  loop.train_and_evaluate(tiny_config(dataset, total_steps=24), str(again))
+  assert len(calls) == 1 and sorted(p.name for p in (again / "checkpoints").iterdir()) == [
+      "16", "16.corrupt", "20", "20.corrupt", "24", "24.corrupt"]
+  for workdir in (resumed, again):
+    after = losses_by_step(workdir)
+    np.testing.assert_allclose([after[s] for s in after], [expected[s] for s in after], atol=1e-5)
 
 
 def test_workdir_of_another_model_refuses_to_resume(tmp_path, dataset, reference):

@@ -32,28 +32,32 @@ def _restore_or_init(setup: run_setup.RunSetup, rng: jax.Array
   else `config.pretrained` or an initialisation), its shardings, and its step."""
   c = setup.config
   image_shape = (c.data.image_size, c.data.image_size, 3)
-  has_steps = bool(run.finished_steps(setup.workdir))
-  params = None
-  if not has_steps and c.pretrained:
-    params = setup.pretrained_params(rng)
-    logging.info("Initialised from %s.", c.pretrained)
-  elif setup.pretrained:
+  init = functools.partial(trainer.init_state, setup.model, setup.tx, setup.mesh, image_shape, rng,
+                           ema=c.ema_decay is not None)
+  if not run.finished_steps(setup.workdir):
+    params = None
+    if c.pretrained:
+      params = setup.pretrained_params(rng)
+      logging.info("Initialised from %s.", c.pretrained)
+    return run.make_manager(setup.workdir, c.keep_checkpoints), *init(params), 0
+  if setup.pretrained:
     setup.pretrained.release()  # Resumed: the run's own checkpoint holds its params.
-  state, shardings = trainer.init_state(setup.model, setup.tx, setup.mesh, image_shape, rng, params,
-                                        ema=c.ema_decay is not None)
-  if not has_steps:
-    return run.make_manager(setup.workdir, c.keep_checkpoints), state, shardings, 0
   run.check_resumable(run.newest_meta(setup.workdir), setup.meta, setup.workdir, c.allow_resume_changes)
-  manager, state, found, start = run.restore_latest(setup.workdir, c.keep_checkpoints, state,
+  # Restored into the state's shapes and shardings: an initialised state would be compiled and
+  # computed for nothing, and held in device memory beside the restored one.
+  target, shardings = trainer.abstract_state(setup.model, setup.tx, setup.mesh, image_shape, rng,
+                                             ema=c.ema_decay is not None)
+  manager, state, found, start = run.restore_latest(setup.workdir, c.keep_checkpoints, target,
                                                     shardings)
   if start:
     run.check_resumable(found, setup.meta, setup.workdir, c.allow_resume_changes)
     logging.info("Resumed from %s at step %d.", setup.workdir, start)
-  elif c.pretrained:
+    return manager, state, shardings, start
+  if c.pretrained:
     raise errors.CheckpointError(
         f"No checkpoint in {setup.workdir} could be restored (all set aside as STEP.corrupt); "
         f"rerun to start again from {c.pretrained}.")
-  return manager, state, shardings, start
+  return manager, *init(), 0  # Every step set aside: the run starts again, as it first did.
 
 
 def _build_evaluators(setup: run_setup.RunSetup, dog: watchdog.StallWatchdog
