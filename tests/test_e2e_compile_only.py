@@ -35,8 +35,18 @@ def compile_json(topology: str, *overrides: str) -> dict:
 
 
 @needs_libtpu
-def test_single_host_compile_reports_memory_flops_collectives_and_a_bound():
-  r = compile_json("v5litepod-4")
+def test_single_host_compile_reports_memory_flops_collectives_and_a_bound(tmp_path):
+  """Twice, with a compilation cache: JAX's persistent cache cannot load a program compiled for
+  devices this machine lacks, and a rerun that read the first run's entries warned once a
+  program that it could not, then compiled anyway. --compile_only leaves the cache alone: each
+  run's one line on stderr is its progress."""
+  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jit"))
+  for _ in range(2):
+    result = train_cli("--compile_only", "--topology", "v5litepod-4", "--json", env=env)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 0 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("compiled the config in "), result.stderr
+  r = json.loads(result.stdout)
   assert (r["chips"], r["hosts"], r["device_kind"]) == (4, 1, "TPU v5 lite")
   assert r["fits"] and r["mesh"] == {"data": 4, "fsdp": 1} and r["per_chip_batch"] == 8
   train, evaluate = r["train"], r["eval"]
@@ -48,19 +58,6 @@ def test_single_host_compile_reports_memory_flops_collectives_and_a_bound():
   assert abs(evaluate["analytic_flops"] * 3 - train["analytic_flops"]) < 1
   assert train["collectives"]["all-reduce"]["ops"] >= 1  # The gradients' mean.
   assert train["roofline"]["images_per_s"] > 0
-
-
-@needs_libtpu
-def test_a_rerun_with_a_compilation_cache_says_nothing_of_it(tmp_path):
-  """JAX's persistent cache cannot load a program compiled for devices this machine lacks: a
-  rerun that read the first run's entries warned once a program that it could not, then
-  compiled anyway. --compile_only leaves the cache alone."""
-  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jit"))
-  for _ in range(2):
-    result = train_cli("--compile_only", "--topology", "v5litepod-4", env=env)
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 0 and len(lines) == 1, result.stderr
-    assert lines[0].startswith("compiled the config in "), result.stderr  # Its progress line.
 
 
 @needs_libtpu
