@@ -94,8 +94,15 @@ def test_a_changed_optimizer_or_batch_is_refused_naming_each_field(tmp_path, dat
     assert line in message
   assert "new --workdir" in message and "--config.allow_resume_changes=True" in message
   changed.allow_resume_changes = True
+  # SGD keeps no Adam moments: no step can be restored into its state, and none is set aside
+  # as damaged (the run had started again from step 0).
+  with pytest.raises(errors.CheckpointError, match="laid out otherwise than the config's"):
+    loop.train_and_evaluate(changed, str(workdir))
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["16", "20", "24"]
+  changed.optimizer.name = "adamw"  # The same state; another learning rate, batch and length.
   metrics = loop.train_and_evaluate(changed, str(workdir))
-  assert metrics["num_examples"] == 256 and steps_in(workdir)[-1] == 28
+  assert metrics["num_examples"] == 256
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["20", "24", "28"]
 
 
 def test_rerunning_a_finished_run_reports_its_result(tmp_path, dataset, reference):
@@ -177,9 +184,9 @@ def test_random_kills_and_damage_lose_nothing(tmp_path, dataset, children):
 
 def test_a_resume_restores_into_shapes_and_a_run_without_a_good_step_starts_again(
     tmp_path, dataset, reference, monkeypatch):
-  """A resume restores into the state's shapes and shardings (no initial state is compiled,
-  computed or held beside the restored one); with every step set aside the run starts again
-  from its initialisation, step for step the uninterrupted run."""
+  """A resume restores into the state's shapes and shardings: trainer.init_state, which
+  compiles and computes an initial state, is not called. With every step set aside the run
+  starts again from its initialisation, step for step the uninterrupted run."""
   from vit_jax.train import trainer
   ref_dir, expected = reference
   resumed, again = tmp_path / "resumed", tmp_path / "again"
@@ -203,6 +210,7 @@ def test_a_resume_restores_into_shapes_and_a_run_without_a_good_step_starts_agai
   loop.train_and_evaluate(tiny_config(dataset, total_steps=24), str(again))
   assert len(calls) == 1 and sorted(p.name for p in (again / "checkpoints").iterdir()) == [
       "16", "16.corrupt", "20", "20.corrupt", "24", "24.corrupt"]
+  assert sorted(losses_by_step(again)) == sorted(expected) == list(range(1, 25))
   for workdir in (resumed, again):
     after = losses_by_step(workdir)
     np.testing.assert_allclose([after[s] for s in after], [expected[s] for s in after], atol=1e-5)

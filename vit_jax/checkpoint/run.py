@@ -27,6 +27,8 @@ from vit_jax.models import lora
 ITEMS = ("state", "meta")
 # Keys of `meta` beside what a resumed run must agree with.
 _RECORDS = ("checksums", "description")
+# Orbax's words for a target whose tree is not the saved one's.
+_STRUCTURE_CHANGED = "tree structures do not match"
 
 
 def absolute(path: str | epath.Path) -> epath.Path:
@@ -147,7 +149,8 @@ def restore_latest(workdir: str | epath.Path, keep: int, state: Any, shardings: 
   """(manager, state, metadata, step) of the newest step that restores and verifies.
 
   A step that fails is reported by step and path, set aside, and the next older one tried;
-  with none left, `state` itself is returned at step 0.
+  with none left, `state` itself (its shapes suffice) is returned at step 0. A step whose state
+  is laid out otherwise than `state` (a changed config, not damage) is refused, kept in place.
   """
   while True:
     manager = make_manager(workdir, keep)
@@ -159,6 +162,12 @@ def restore_latest(workdir: str | epath.Path, keep: int, state: Any, shardings: 
       return manager, restored, meta, step
     except Exception as e:  # Whatever orbax or the checksums raise, the step is unusable.
       manager.close()
+      if _STRUCTURE_CHANGED in str(e):  # Not damage: the config asks for another state.
+        raise CheckpointError(
+            f"Checkpoint step {step} in {checkpoint_dir(workdir)} holds a train state laid out "
+            "otherwise than the config's (another optimizer, frozen parameters, accum_steps or "
+            "ema_decay on or off): config.allow_resume_changes cannot carry it over. Rerun with "
+            "the checkpoint's values, or give a new --workdir.") from e
       where = set_aside(workdir, step)
       logging.warning("Checkpoint step %d in %s cannot be used (%s: %s); set aside as %s. "
                       "Trying the previous step.", step, checkpoint_dir(workdir),

@@ -91,8 +91,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_every_steps = ml_collections.FieldReference(None, field_type=int)  # None: at the end.
   c.checkpoint_every_steps = 1000
   c.keep_checkpoints = 3
-  # Resume a workdir although the config changed what the run does (optimizer, schedule,
-  # batch, steps, data): the trajectory then differs from an uninterrupted run's.
+  # Resume a workdir although the config changed what the run does (learning rate, schedule,
+  # batch, steps, data; not the state's layout): its trajectory differs from an uninterrupted one.
   c.allow_resume_changes = False
   return c
 
