@@ -3,6 +3,7 @@
 average resumed exactly (frozen and scaled parameters, LoRA adapters) and read as `ema:RUN`;
 `vit-export` run as a user runs it; a LoRA run's adapters exported alone and loaded on their
 base."""
+import contextlib
 import glob
 import json
 import os
@@ -28,12 +29,8 @@ def two_steps(tmp_path_factory, dataset):
   """A 2-step run of tiny_config, trained once for the tests that read it (none writes into
   it), given its workdir as a relative path (orbax takes absolute paths only)."""
   workdir = tmp_path_factory.mktemp("two_steps")
-  here = os.getcwd()
-  os.chdir(workdir.parent)
-  try:
+  with contextlib.chdir(workdir.parent):
     loop.train_and_evaluate(tiny_config(dataset, total_steps=2), workdir.name)
-  finally:
-    os.chdir(here)
   return workdir
 
 

@@ -94,15 +94,26 @@ def test_a_changed_optimizer_or_batch_is_refused_naming_each_field(tmp_path, dat
     assert line in message
   assert "new --workdir" in message and "--config.allow_resume_changes=True" in message
   changed.allow_resume_changes = True
-  # SGD keeps no Adam moments: no step can be restored into its state, and none is set aside
-  # as damaged (the run had started again from step 0).
-  with pytest.raises(errors.CheckpointError, match="laid out otherwise than the config's"):
-    loop.train_and_evaluate(changed, str(workdir))
-  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["16", "20", "24"]
   changed.optimizer.name = "adamw"  # The same state; another learning rate, batch and length.
   metrics = loop.train_and_evaluate(changed, str(workdir))
   assert metrics["num_examples"] == 256
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["20", "24", "28"]
+
+
+@pytest.mark.parametrize("field, value", [
+    ("optimizer.name", "sgd"), ("ema_decay", 0.9), ("accum_steps", 2),
+    ("optimizer.frozen", ("embedding/.*",))])
+def test_a_state_laid_out_otherwise_is_refused_even_with_the_opt_in_and_every_step_kept(
+    tmp_path, dataset, reference, field, value):
+  """No step restores into the state of another optimizer, a moving average turned on,
+  gradient accumulation or frozen parameters: the resume is refused, not taken for damage (each
+  step had been set aside and the run started again from step 0)."""
+  workdir = tmp_path / "run"
+  shutil.copytree(reference[0], workdir)
+  changed = tiny_config(dataset, total_steps=24, allow_resume_changes=True, **{field: value})
+  with pytest.raises(errors.CheckpointError, match="laid out otherwise than the config's"):
+    loop.train_and_evaluate(changed, str(workdir))
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["16", "20", "24"]
 
 
 def test_rerunning_a_finished_run_reports_its_result(tmp_path, dataset, reference):

@@ -32,8 +32,8 @@ def _restore_or_init(setup: run_setup.RunSetup, rng: jax.Array
   else `config.pretrained` or an initialisation), its shardings, and its step."""
   c = setup.config
   image_shape = (c.data.image_size, c.data.image_size, 3)
-  init = functools.partial(trainer.init_state, setup.model, setup.tx, setup.mesh, image_shape, rng,
-                           ema=c.ema_decay is not None)
+  state_of = (setup.model, setup.tx, setup.mesh, image_shape, rng)
+  init = functools.partial(trainer.init_state, *state_of, ema=c.ema_decay is not None)
   if not run.finished_steps(setup.workdir):
     params = None
     if c.pretrained:
@@ -45,8 +45,7 @@ def _restore_or_init(setup: run_setup.RunSetup, rng: jax.Array
   run.check_resumable(run.newest_meta(setup.workdir), setup.meta, setup.workdir, c.allow_resume_changes)
   # Restored into the state's shapes and shardings: an initialised state would be compiled and
   # computed for nothing, and held in device memory beside the restored one.
-  target, shardings = trainer.abstract_state(setup.model, setup.tx, setup.mesh, image_shape, rng,
-                                             ema=c.ema_decay is not None)
+  target, shardings = trainer.abstract_state(*state_of, ema=c.ema_decay is not None)
   manager, state, found, start = run.restore_latest(setup.workdir, c.keep_checkpoints, target,
                                                     shardings)
   if start:
