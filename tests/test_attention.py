@@ -95,6 +95,28 @@ def test_the_kernels_query_scale_is_rounded_once_and_stays_16_bit_where_exact(he
   assert float32_inside == (head_dim == 80)
 
 
+@pytest.mark.parametrize("tokens,kv_tokens", [(256, 256), (128, 256)], ids=["197", "MAP head"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_narrow_log_sum_exp_forward_is_the_kernels_own_to_the_bit(tokens, kv_tokens, dtype):
+  """splash_forward.py writes one float32 a query where JAX's forward writes 128 copies: the
+  same output and log-sum-exp, bit for bit, on padded ViT shapes (197 real keys of 256)."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+  from vit_jax.models import splash_forward
+  kernel = attention._splash_kernel(tokens, 197, tokens, kv_tokens, 2, True)
+  info, kw = attention._collapsed(kernel.fwd_mask_info), kernel.kwargs
+  q, k, v = (jnp.asarray(x[0].transpose(1, 0, 2), dtype)
+             for x in qkv((1, kv_tokens, 2, 64), seed=3))
+  q = q[:, :tokens]
+  out, (lse,) = splash._splash_attention_forward(
+      info, q, k, v, None, None, **{**kw, "save_residuals": True})
+  narrow_out, narrow_lse = splash_forward.forward(
+      info, q, k, v, block_sizes=kw["block_sizes"], mask_value=kw["mask_value"],
+      mask_function=kw["mask_function"], interpret=True)
+  assert narrow_lse.shape == (2, 1, tokens) and narrow_lse.dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(narrow_out), np.asarray(out))
+  np.testing.assert_array_equal(np.asarray(narrow_lse[:, 0]), np.asarray(lse))
+
+
 def test_the_fused_backward_kernel_takes_all_keys_in_one_block():
   """One block of keys (ViT's 197, padded to 256): the kernel's dq is whole, accumulated in
   float32, not per-block bf16 partials XLA sums after it; longer sequences keep 128."""

@@ -161,11 +161,12 @@ def _splash(q, k, v, interpret: bool = False):
   unpadded and tokens-major, and pads it again for the backward kernel when that block's turn
   comes. The kernel's own VJP keeps it padded (197 -> 256 tokens) and lane-padded (a TPU tile
   is 128 wide, a head 64): 192 MiB a block for B/16 at 256 images. It is built of the kernel
-  module's forward and backward functions (`_splash_attention_forward`,
-  `_splash_attention_bwd`), composed as its own VJP composes them; tests/test_attention.py
-  checks the values and gradients.
+  module's backward function (`_splash_attention_bwd`) and its forward kernel with the
+  log-sum-exp written narrow (splash_forward.py), composed as its own VJP composes them;
+  tests/test_attention.py checks the values and gradients.
   """
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+  from vit_jax.models import splash_forward  # Pallas' TPU modules: imported when used.
   (_, q_len, heads, _), kv_len = q.shape, k.shape[1]
   q_padded, kv_padded = (-(-n // PALLAS_BLOCK) * PALLAS_BLOCK for n in (q_len, kv_len))
   kernel = _splash_kernel(q_len, kv_len, q_padded, kv_padded, heads, interpret)
@@ -173,14 +174,15 @@ def _splash(q, k, v, interpret: bool = False):
 
   def forward(fwd_info, dkv_info, q, k, v):
     q, k, v = _padded(_scaled(q), q_padded), _padded(k, kv_padded), _padded(v, kv_padded)
-    one = lambda q, k, v: splash._splash_attention_forward(  # noqa: E731
-        fwd_info, q, k, v, None, None, save_residuals=True, **kw)
-    out, (lse,) = jax.vmap(one)(q, k, v)
+    one = functools.partial(
+        splash_forward.forward, fwd_info, block_sizes=kw["block_sizes"],
+        mask_value=kw["mask_value"], mask_function=kw["mask_function"],
+        attn_logits_soft_cap=kw["attn_logits_soft_cap"], interpret=kw["interpret"])
+    out, lse = jax.vmap(one)(q, k, v)
     # A barrier makes the unpadded output a buffer of its own (XLA would otherwise read the
-    # kernel's, keeping it), and one in the backward pass keeps the padding of it there (and
-    # the backward kernel's 8-fold broadcast of the log-sum-exp, 24 MiB a block for B/16).
+    # kernel's, keeping it), and one in the backward pass keeps the padding of it there.
     out = jax.lax.optimization_barrier(_unpadded(out, q_len))
-    return out, (dkv_info, q, k, v, out, lse)
+    return out, (dkv_info, q, k, v, out, lse[:, :, 0])
 
   def backward(residuals, d_out):
     dkv_info, q, k, v, out, lse = residuals
