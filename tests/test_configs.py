@@ -8,7 +8,7 @@ import pytest
 from helpers import REPO
 from vit_jax import configs
 from vit_jax.tools import train_flags
-from vit_jax.train import config as config_lib
+from vit_jax.train import config as config_lib, run_setup
 
 SHIPPED = ["augreg_pretrain", "finetune", "pretrain", "quickstart"]
 KNOWN = "Configs shipped with vit_jax: augreg_pretrain, finetune, pretrain, quickstart"
@@ -21,6 +21,16 @@ def test_every_shipped_config_loads_by_name_and_validates():
   for name in SHIPPED:
     assert configs.config_path(name) == REPO / "vit_jax" / "configs" / f"{name}.py"
     config_lib.validate(configs.get_config(name))
+
+
+@pytest.mark.parametrize("spec,stream", [
+    ("pretrain:b16,i21k", "bfloat16"), ("pretrain:h14,i1k", "bfloat16"),
+    ("augreg_pretrain:b16,i21k,medium1", "float32"), ("finetune:b16,cifar10", "float32"),
+    ("quickstart", "float32")])
+def test_only_the_pretraining_configs_keep_the_residual_stream_in_bf16(spec, stream):
+  """A pre-training step's bf16 stream (its bytes, benchmarks/README.md); fine-tuning and the
+  quick-start keep the float32 stream of the released checkpoints' logits."""
+  assert run_setup.build_model(configs.get_config(spec), num_classes=2).residual_dtype == stream
 
 
 def test_a_name_a_relative_and_an_absolute_path_give_the_same_config(monkeypatch):

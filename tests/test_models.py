@@ -153,7 +153,7 @@ def test_remat_gives_identical_outputs_and_gradients():
 @pytest.mark.parametrize("fields", [{}, dict(layer_scale=True, classifier="gap", fc_norm=True)],
                          ids=["token", "LayerScale, gap + fc_norm"])
 def test_a_bf16_residual_stream_is_the_float32_one_within_bf16_rounding(fields):
-  """residual_dtype="bfloat16" (asked for, never a default): the blocks' stream in 16 bits,
+  """residual_dtype="bfloat16" (the pre-training configs'): the blocks' stream in 16 bits,
   the logits and every gradient within bf16 rounding of the float32 stream's; float32 the
   stream as ever, bit for bit."""
   kw = dict(num_classes=5, patch_size=8, dtype=jnp.bfloat16, **TINY, **fields)

@@ -337,7 +337,7 @@ class VisionTransformer(nn.Module):
   remat: bool = _field(Role.EXECUTION, False)
   # RESIDUAL_DTYPES: "bfloat16" keeps the stream between the blocks in 16 bits, halving the
   # traffic of the tensor every block reads and writes most (benchmarks/README.md, "Where a
-  # TPU step's bytes go"); it changes the sums, so it is asked for, never a default.
+  # TPU step's bytes go"); it changes the sums, so only the pre-training configs take it.
   residual_dtype: str = _field(Role.EXECUTION, "float32")
   dtype: Any = _field(Role.PRECISION, jnp.float32)
   # attention.IMPLS; "auto": the device's fused kernel (cuDNN, Pallas on TPU) where it runs.
