@@ -158,14 +158,13 @@ def _splash(q, k, v, interpret: bool = False):
   padded to whole blocks (`_splash_kernel`).
 
   The backward pass is of our own making: it keeps the output as the rest of the block has it,
-  unpadded and tokens-major, and pads it again for the backward kernel when that block's turn
-  comes. The kernel's own VJP keeps it padded (197 -> 256 tokens) and lane-padded (a TPU tile
-  is 128 wide, a head 64): 192 MiB a block for B/16 at 256 images. It is built of the kernel
-  module's backward function (`_splash_attention_bwd`) and its forward kernel with the
-  log-sum-exp written narrow (splash_forward.py), composed as its own VJP composes them;
-  tests/test_attention.py checks the values and gradients.
+  unpadded and tokens-major, and takes what the backward kernel needs of it (each row's
+  sum(dO * O)) from that. The kernel's own VJP keeps it padded (197 -> 256 tokens) and
+  lane-padded (a TPU tile is 128 wide, a head 64): 192 MiB a block for B/16 at 256 images. It
+  is built of the kernel module's backward kernel (`_splash_attention_bwd_dkv`, fused) and its
+  forward kernel with the log-sum-exp written narrow (splash_forward.py), composed as its own
+  VJP composes them; tests/test_attention.py checks the values and gradients.
   """
-  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
   from vit_jax.models import splash_forward  # Pallas' TPU modules: imported when used.
   (_, q_len, heads, _), kv_len = q.shape, k.shape[1]
   q_padded, kv_padded = (-(-n // PALLAS_BLOCK) * PALLAS_BLOCK for n in (q_len, kv_len))
@@ -188,21 +187,31 @@ def _splash(q, k, v, interpret: bool = False):
 
   def backward(residuals, d_out):
     dkv_info, q, k, v, out, lse = residuals
-
-    def one(q, k, v, out, lse, d_out):
-      grads = splash._splash_attention_bwd(
-          False, kw["mask_value"], kw["is_mqa"], kw["block_sizes"],
-          kw["residual_checkpoint_name"], kw["mask_function"], kw["attn_logits_soft_cap"],
-          kw["interpret"], (q, k, v, None, None, out, lse, None, dkv_info), d_out)
-      return grads[3:6]  # q, k, v's.
-
-    dq, dk, dv = jax.vmap(one)(q, k, v, _padded(out, q_padded), lse, _padded(d_out, q_padded))
+    # The kernel module's backward takes each row's sum(dO * O) from the padded output; here
+    # from the unpadded one, the pad's rows 0 as there: the output is never padded again.
+    di = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32), d_out.astype(jnp.float32))
+    di = jnp.pad(di, ((0, 0), (0, 0), (0, q_padded - q_len)))
+    one = functools.partial(_backward_kernel, kw, dkv_info)
+    dq, dk, dv = jax.vmap(one)(q, k, v, lse, _padded(d_out, q_padded), di)
     return (None, None, _scaled(_unpadded(dq, q_len)), _unpadded(dk, kv_len),
             _unpadded(dv, kv_len))
 
   attend = jax.custom_vjp(lambda *args: forward(*args)[0])
   attend.defvjp(forward, backward)
   return attend(_collapsed(kernel.fwd_mask_info), _collapsed(kernel.dkv_mask_info), q, k, v)
+
+
+def _backward_kernel(kw: dict, dkv_info: Any, q, k, v, lse, d_out, di):
+  """One example's dq, dk, dv by the kernel module's fused backward kernel (`kw`: the
+  kernel's arguments, `_splash_kernel`)."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+  sizes = kw["block_sizes"]
+  return splash._splash_attention_bwd_dkv(
+      q, k, v, None, None, lse, d_out, di, bq=sizes.block_q_dkv, bkv=sizes.block_kv_dkv,
+      bkv_compute=sizes.block_kv_dkv_compute, is_mqa=kw["is_mqa"], mask_info=dkv_info,
+      mask_value=kw["mask_value"], attn_logits_soft_cap=kw["attn_logits_soft_cap"],
+      use_fused_bwd_kernel=True, q_layout=sizes.q_layout, k_layout=sizes.k_layout,
+      v_layout=sizes.v_layout, mask_function=kw["mask_function"], interpret=kw["interpret"])
 
 
 def _splash_kernel(q_len: int, kv_len: int, q_padded: int, kv_padded: int, heads: int,
