@@ -117,6 +117,48 @@ def test_the_narrow_log_sum_exp_forward_is_the_kernels_own_to_the_bit(tokens, kv
   np.testing.assert_array_equal(np.asarray(narrow_lse[:, 0]), np.asarray(lse))
 
 
+@pytest.mark.parametrize("tokens,kv_tokens,head_dim", [
+    (256, 256, 64), (128, 256, 64), (256, 640, 64), (256, 256, 80)],
+    ids=["197", "MAP head", "3 blocks of keys", "ViT-H's 80-dim heads"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_tokens_minor_dq_backward_is_the_kernels_own_to_the_bit(tokens, kv_tokens,
+                                                                      head_dim, dtype):
+  """splash_backward.py writes dq (heads, head_dim, queries), divided by sqrt(head_dim), where
+  JAX's fused backward writes (heads, queries, head_dim) and attention._scaled divides it
+  after: the same dq transposed, and the same dk and dv, bit for bit in bf16; in float32
+  within its rounding (XLA's CPU dot accumulates in the order of its output layout, and the
+  transpose changed it)."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+  from vit_jax.models import splash_backward
+  kernel = attention._splash_kernel(tokens, kv_tokens - 59, tokens, kv_tokens, 2, True)
+  info, kw = attention._collapsed(kernel.dkv_mask_info), kernel.kwargs
+  sizes = kw["block_sizes"]
+  q, k, v = (jnp.asarray(x[0].transpose(1, 0, 2), dtype)
+             for x in qkv((1, kv_tokens, 2, head_dim), seed=4))
+  q, rng = q[:, :tokens], np.random.default_rng(5)
+  d_out = jnp.asarray(rng.normal(size=q.shape), dtype)
+  logits = np.einsum("hqd,hkd->hqk", np.float64(q), np.float64(k))
+  logits[:, :, kv_tokens - 59:] = -np.inf  # The pad's keys, masked out.
+  lse = jnp.asarray(np.log(np.exp(logits).sum(-1)), jnp.float32)
+  di = jnp.asarray(rng.normal(size=(2, tokens)), jnp.float32)
+  want = splash._splash_attention_bwd_dkv(
+      q, k, v, None, None, lse, d_out, di, bq=sizes.block_q_dkv, bkv=sizes.block_kv_dkv,
+      bkv_compute=sizes.block_kv_dkv_compute, is_mqa=False, mask_info=info,
+      mask_value=kw["mask_value"], attn_logits_soft_cap=None, use_fused_bwd_kernel=True,
+      q_layout=sizes.q_layout, k_layout=sizes.k_layout, v_layout=sizes.v_layout,
+      mask_function=kw["mask_function"], interpret=True)
+  got = splash_backward.backward(info, q, k, v, lse, d_out, di, block_sizes=sizes,
+                                 mask_value=kw["mask_value"], mask_function=kw["mask_function"],
+                                 dq_scale=float(np.sqrt(head_dim)), interpret=True)
+  assert got[0].shape == (2, head_dim, tokens)
+  for g, w in zip((got[0].swapaxes(1, 2), *got[1:]), (attention._scaled(want[0]), *want[1:])):
+    g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+    if dtype == jnp.bfloat16:
+      np.testing.assert_array_equal(g, w)
+    else:
+      np.testing.assert_allclose(g, w, rtol=0, atol=1e-6 * np.abs(w).max())
+
+
 def test_the_fused_backward_kernel_takes_all_keys_in_one_block():
   """One block of keys (ViT's 197, padded to 256): the kernel's dq is whole, accumulated in
   float32, not per-block bf16 partials XLA sums after it; longer sequences keep 128."""

@@ -161,11 +161,13 @@ def _splash(q, k, v, interpret: bool = False):
   unpadded and tokens-major, and takes what the backward kernel needs of it (each row's
   sum(dO * O)) from that. The kernel's own VJP keeps it padded (197 -> 256 tokens) and
   lane-padded (a TPU tile is 128 wide, a head 64): 192 MiB a block for B/16 at 256 images. It
-  is built of the kernel module's backward kernel (`_splash_attention_bwd_dkv`, fused) and its
-  forward kernel with the log-sum-exp written narrow (splash_forward.py), composed as its own
-  VJP composes them; tests/test_attention.py checks the values and gradients.
+  is built of the kernel module's forward and fused backward kernels, with the log-sum-exp
+  written narrow (splash_forward.py) and dq tokens-minor and scaled (splash_backward.py),
+  composed as its own VJP composes them; tests/test_attention.py checks the values and
+  gradients.
   """
-  from vit_jax.models import splash_forward  # Pallas' TPU modules: imported when used.
+  # Pallas' TPU modules: imported when used.
+  from vit_jax.models import splash_backward, splash_forward
   (_, q_len, heads, _), kv_len = q.shape, k.shape[1]
   q_padded, kv_padded = (-(-n // PALLAS_BLOCK) * PALLAS_BLOCK for n in (q_len, kv_len))
   kernel = _splash_kernel(q_len, kv_len, q_padded, kv_padded, heads, interpret)
@@ -179,9 +181,7 @@ def _splash(q, k, v, interpret: bool = False):
         attn_logits_soft_cap=kw["attn_logits_soft_cap"], interpret=kw["interpret"])
     out, lse = jax.vmap(one)(q, k, v)
     # A barrier makes the unpadded output a buffer of its own (XLA would otherwise read the
-    # kernel's, keeping it). The backward pass has none, since the log-sum-exp is narrow:
-    # without one there, ViT-B/16 on v5e moves 7.8 GB a step less (for 0.2 GiB more HBM), and
-    # ViT-H/14 on tpu7x-16 needs 4.3 GiB less (benchmarks/README.md).
+    # kernel's, keeping it). One in the backward pass cost more (benchmarks/README.md).
     out = jax.lax.optimization_barrier(_unpadded(out, q_len))
     return out, (dkv_info, q, k, v, out, lse[:, :, 0])
 
@@ -191,27 +191,18 @@ def _splash(q, k, v, interpret: bool = False):
     # from the unpadded one, the pad's rows 0 as there: the output is never padded again.
     di = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32), d_out.astype(jnp.float32))
     di = jnp.pad(di, ((0, 0), (0, 0), (0, q_padded - q_len)))
-    one = functools.partial(_backward_kernel, kw, dkv_info)
+    one = functools.partial(
+        splash_backward.backward, dkv_info, block_sizes=kw["block_sizes"],
+        mask_value=kw["mask_value"], mask_function=kw["mask_function"],
+        attn_logits_soft_cap=kw["attn_logits_soft_cap"], interpret=kw["interpret"],
+        dq_scale=float(np.sqrt(q.shape[-1])))
     dq, dk, dv = jax.vmap(one)(q, k, v, lse, _padded(d_out, q_padded), di)
-    return (None, None, _scaled(_unpadded(dq, q_len)), _unpadded(dk, kv_len),
-            _unpadded(dv, kv_len))
+    dq = dq.transpose(0, 3, 1, 2)[:, :q_len]  # Tokens-minor, (batch, heads, head_dim, tokens).
+    return None, None, dq, _unpadded(dk, kv_len), _unpadded(dv, kv_len)
 
   attend = jax.custom_vjp(lambda *args: forward(*args)[0])
   attend.defvjp(forward, backward)
   return attend(_collapsed(kernel.fwd_mask_info), _collapsed(kernel.dkv_mask_info), q, k, v)
-
-
-def _backward_kernel(kw: dict, dkv_info: Any, q, k, v, lse, d_out, di):
-  """One example's dq, dk, dv by the kernel module's fused backward kernel (`kw`: the
-  kernel's arguments, `_splash_kernel`)."""
-  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
-  sizes = kw["block_sizes"]
-  return splash._splash_attention_bwd_dkv(
-      q, k, v, None, None, lse, d_out, di, bq=sizes.block_q_dkv, bkv=sizes.block_kv_dkv,
-      bkv_compute=sizes.block_kv_dkv_compute, is_mqa=kw["is_mqa"], mask_info=dkv_info,
-      mask_value=kw["mask_value"], attn_logits_soft_cap=kw["attn_logits_soft_cap"],
-      use_fused_bwd_kernel=True, q_layout=sizes.q_layout, k_layout=sizes.k_layout,
-      v_layout=sizes.v_layout, mask_function=kw["mask_function"], interpret=kw["interpret"])
 
 
 def _splash_kernel(q_len: int, kv_len: int, q_padded: int, kv_padded: int, heads: int,
@@ -254,7 +245,8 @@ def _unpadded(x, n):
 
 
 def _scaled(x):
-  """The kernel takes the scale in the queries, and the queries' gradient takes it too.
+  """The kernel takes the scale in the queries, and the queries' gradient takes it too (in
+  splash_backward.py's kernel, by the same arithmetic).
   1/sqrt(head_dim) a power of two (1/8 for 64 dimensions): multiplied in x's dtype, where it
   is exact; else applied in float32 and rounded once. (Through float32 for 64 dimensions too,
   XLA kept and transposed the queries' gradient in float32 in the backward pass.)"""
