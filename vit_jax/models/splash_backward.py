@@ -19,6 +19,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 
+from vit_jax.models import splash_forward
+
 
 class _Transposed:
   """The body's dq ref as it writes it, (bq, head_dim), stored as the block (head_dim, bq),
@@ -60,7 +62,6 @@ def backward(mask_info: Any, q: jax.Array, k: jax.Array, v: jax.Array, lse: jax.
   rows = lambda x: jnp.broadcast_to(x[:, None], (heads, splash.NUM_SUBLANES, q_len))  # noqa: E731
   name = splash.get_kernel_name(is_mqa=False, save_residuals=False, is_segmented=False,
                                 phase="dkv")
-  minor = splash.QKVLayout.HEAD_DIM_MINOR
   with jax.named_scope(name):
     *_, dq, dk, dv = pl.pallas_call(
         body,
@@ -77,10 +78,9 @@ def backward(mask_info: Any, q: jax.Array, k: jax.Array, v: jax.Array, lse: jax.
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary", "arbitrary", "arbitrary")),
         name=name, interpret=interpret,
-    )(mask_info.data_next, mask_info.block_mask, mask_info.mask_next,
-      *(x if layout == minor else x.swapaxes(-1, -2) for x, layout in zip((q, k, v), layouts)),
-      None, None, None, rows(lse), d_out, rows(di), mask_info.partial_mask_blocks, None)
-  return (dq[0] if dq.shape[0] == 1 else dq.sum(axis=0)), dk, dv
+    )(*splash_forward.kernel_inputs(mask_info, block_sizes, q, k, v), None, None, None,
+      rows(lse), d_out, rows(di), mask_info.partial_mask_blocks, None)
+  return dq.sum(axis=0), dk, dv
 
 
 def _in_specs(head_dim: int, head_dim_v: int, block_sizes: Any, partial_blocks: bool) -> list:

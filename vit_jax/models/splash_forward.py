@@ -55,7 +55,6 @@ def forward(mask_info: Any, q: jax.Array, k: jax.Array, v: jax.Array, *,
       jax.ShapeDtypeStruct((heads, 1, q_len), f32)]
   name = splash.get_kernel_name(is_mqa=False, save_residuals=True, is_segmented=False,
                                 phase="fwd")
-  minor = splash.QKVLayout.HEAD_DIM_MINOR
   with jax.named_scope(name):
     *_, out, lse = pl.pallas_call(
         body,
@@ -67,10 +66,19 @@ def forward(mask_info: Any, q: jax.Array, k: jax.Array, v: jax.Array, *,
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary")),
         out_shape=out_shapes, name=name, interpret=interpret,
-    )(mask_info.data_next, mask_info.block_mask, mask_info.mask_next,
-      *(x if layout == minor else x.swapaxes(-1, -2) for x, layout in zip((q, k, v), layouts)),
-      None, None, None, mask_info.partial_mask_blocks, None)
+    )(*kernel_inputs(mask_info, block_sizes, q, k, v), None, None, None,
+      mask_info.partial_mask_blocks, None)
   return out, lse
+
+
+def kernel_inputs(mask_info: Any, block_sizes: Any, q: jax.Array, k: jax.Array,
+                  v: jax.Array) -> tuple:
+  """The splash kernels' first arguments, as the kernel module passes them: the mask's
+  prefetched block tables, then q, k, v each in its layout (`block_sizes`)."""
+  layouts = block_sizes.q_layout, block_sizes.k_layout, block_sizes.v_layout
+  return (mask_info.data_next, mask_info.block_mask, mask_info.mask_next,
+          *(x if layout == splash.QKVLayout.HEAD_DIM_MINOR else x.swapaxes(-1, -2)
+            for x, layout in zip((q, k, v), layouts)))
 
 
 def _in_specs(head_dim: int, head_dim_v: int, block_sizes: Any, partial_blocks: bool) -> list:
