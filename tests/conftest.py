@@ -1,9 +1,17 @@
 """Test set-up: 8 simulated CPU devices, set before jax is first imported; caches that the
 session's processes share; shared fixtures."""
+import gc
 import os
 import signal
 import sys
 import tempfile
+
+# Python's garbage collection, rarer than its default (every 700 allocations) from before the
+# imports of TensorFlow, JAX and torch, as the commands make it (vit_jax/tools/cli.py); once
+# the tests are collected, what is loaded is frozen (pytest_collection_finish): no collection
+# walks the libraries' millions of objects again. test_models.py and test_vit.py in one
+# process: 79.4 -> 74.2 CPU-s.
+gc.set_threshold(50_000, 20, 20)
 
 # Started in the background by a shell without job control (`pytest &` in a script), the
 # session's processes would ignore Ctrl-C, and so would every command a test starts: the tests
@@ -93,6 +101,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
   shortest, last, even out the end. A file not yet timed counts as the longest."""
   seconds = json.loads(FILE_SECONDS.read_text())
   items.sort(key=lambda item: -seconds.get(item.path.name, math.inf))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+  gc.collect()
+  gc.freeze()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
