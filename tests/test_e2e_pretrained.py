@@ -21,7 +21,7 @@ def test_fine_tuning_from_the_hub_takes_its_gelu_fc_norm_and_normalisation(tmp_p
   from vit_jax.train import loop, run_setup
   _, folder, config = timm_repo(tmp_path, "gap_fc_norm")
   write_repo(hub_cache, "timm/gap", {f: folder / f for f in os.listdir(folder)})
-  tiny_vit = dict(patch_size=16, hidden_size=192, mlp_dim=768, num_heads=3, num_layers=12,
+  tiny_vit = dict(patch_size=16, hidden_size=192, mlp_dim=768, num_heads=3, num_layers=2,
                   classifier="gap")
   c = tiny_config(dataset, total_steps=2, pretrained="hf-hub:timm/gap", **{
       "data.image_size": SIZE, **{f"model.{k}": v for k, v in tiny_vit.items()}})

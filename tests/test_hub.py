@@ -39,7 +39,7 @@ def test_timm_patch_mean_beside_a_class_token_matches_timm(fc_norm, tmp_path, hu
   after it."""
   kind = f"avg_beside_cls_fc_norm_{fc_norm}"
   monkeypatch.setitem(TIMM, kind, ("vit_tiny_patch16_224", "augreg2_in21k_ft_in1k",
-                                   dict(global_pool="avg", fc_norm=fc_norm), "exact"))
+                                   dict(depth=2, global_pool="avg", fc_norm=fc_norm), "exact"))
   d = assert_timm_repo_reads_as_timm(kind, tmp_path, hub_cache).description
   assert (d.model["classifier"], d.model["class_token"]) == ("gap", True)
   assert d.model.get("fc_norm", False) == fc_norm
@@ -47,7 +47,7 @@ def test_timm_patch_mean_beside_a_class_token_matches_timm(fc_norm, tmp_path, hu
 
 def test_map_head_beside_a_class_token_is_refused(capsys, tmp_path, hub_cache, monkeypatch):
   monkeypatch.setitem(TIMM, "map_beside_cls", ("vit_tiny_patch16_224", "augreg_in21k",
-                                               dict(global_pool="map"), "tanh"))
+                                               dict(depth=2, global_pool="map"), "tanh"))
   _, folder, _ = timm_repo(tmp_path, "map_beside_cls")
   assert_one_line_error(capsys, [str(folder)], "MAP head beside a class token")
 
