@@ -285,3 +285,21 @@ def test_stochastic_depth_drops_whole_branches_per_example_at_linear_rates():
   with pytest.raises(ValueError, match=r"stochastic_depth=1.0, expected a rate in \[0, 1\)"):
     models.create_model("ViT-Ti_16", patch_size=8, stochastic_depth=1.0, **TINY).init(
         jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
+
+
+def test_abstract_params_are_traced_once_a_model_and_size_and_each_caller_gets_its_own():
+  fields = dict(patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1)
+  model = models.create_model("R+ViT-Ti_16", num_classes=3, **fields)
+  shapes = lambda tree: jax.tree.map(lambda x: (x.shape, x.dtype), tree)  # noqa: E731
+  want = shapes(jax.eval_shape(model.init, jax.random.key(0),
+                               jnp.zeros((1, 32, 32, 3)))["params"])
+  cache = models.vit._traced_params
+  first = models.abstract_params(model, 32)
+  hits = cache.cache_info().hits
+  first.pop("head")  # A caller's own tree: changing it changes no other caller's.
+  again = models.abstract_params(dataclasses.replace(model), 32)  # An equal model.
+  assert cache.cache_info().hits == hits + 1 and shapes(again) == want
+  assert shapes(models.abstract_params(model, 64)) != want  # Another size: traced for it.
+  # A list among the fields (a config's override) cannot key the cache: traced each time.
+  listed = dataclasses.replace(model, resnet_layers=list(model.resnet_layers))
+  assert shapes(models.abstract_params(listed, 32)) == want

@@ -16,7 +16,6 @@ import json
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
@@ -208,8 +207,7 @@ def _on_base(adapters: dict[str, np.ndarray], described: Description, path: str,
   fields = {k: tuple(v) if isinstance(v, list) else v for k, v in described.model.items()}
   model = models.VisionTransformer(num_classes=described.num_classes, **fields)
   size = described.image_size
-  abstract = npz.flatten(jax.eval_shape(model.init, jax.random.key(0),
-                                        jnp.zeros((1, size, size, 3)))["params"])
+  abstract = npz.flatten(models.abstract_params(model, size))
   target = npz.unflatten({k: v for k, v in abstract.items() if k not in adapters})
   fitted = npz.flatten(npz.fit_to_target(base, target, model.posemb_interpolation))
   merged, model = lora.merged(fitted | adapters, described.model)
@@ -330,8 +328,7 @@ def from_opened(opened: Opened, model_name: str | None = None, *, image_size: in
   # A model that resamples its embedding at run time keeps the checkpoint's own grid: one
   # resize, from the grid it was trained at, as its framework's forward does.
   fit_size = (_native_size(flat, model) or image_size) if model.dynamic_image_size else image_size
-  abstract = jax.eval_shape(model.init, jax.random.key(0),
-                            jnp.zeros((1, fit_size, fit_size, 3)))["params"]
+  abstract = models.abstract_params(model, fit_size)
   built = dict(described.model) | models.registry.described_fields(model)  # Overrides too.
   loaded = described.replace(image_size=image_size, num_classes=model.num_classes, model=built,
                              model_name=name, class_names=described.class_names if head else ())

@@ -7,6 +7,7 @@ beside them, Flax-style (VisionTransformer's field comments say where).
 """
 import dataclasses
 import enum
+import functools
 from typing import Any, Optional, Sequence
 
 import flax.linen as nn
@@ -479,3 +480,22 @@ class VisionTransformer(nn.Module):
     if return_attention:
       aux["attention"] = attention
     return logits, aux
+
+
+def abstract_params(model: VisionTransformer, image_size: int) -> Any:
+  """The model's parameters at `image_size` as shapes and dtypes: nothing computed or
+  allocated. Traced once a model and size (a module's fields are its identity): loading,
+  fine-tuning and planning ask again for the same model (a sweep, a notebook, the tests)."""
+  try:
+    hash(model)
+  except TypeError:  # A list among its fields (a config's override): traced every time.
+    return _trace_params(model, image_size)
+  return jax.tree.map(lambda x: x, _traced_params(model, image_size))  # The caller's own.
+
+
+def _trace_params(model: VisionTransformer, image_size: int) -> Any:
+  images = jax.ShapeDtypeStruct((1, image_size, image_size, 3), jnp.float32)
+  return jax.eval_shape(model.init, jax.random.key(0), images)["params"]
+
+
+_traced_params = functools.lru_cache(maxsize=32)(_trace_params)

@@ -429,7 +429,7 @@ def _check_state_fits(c: ml_collections.ConfigDict, model: models.VisionTransfor
   device (mesh.fsdp at its widest), are over a device's HBM: no batch, mesh, remat or
   accum_steps fits such a model, and each candidate's compile would say so only after
   seconds (a 137M-class head on tpu7x-8: 8 compiles, 46 s of CPU)."""
-  leaves = jax.tree.leaves(run_setup.abstract_params(model, c.data.image_size))
+  leaves = jax.tree.leaves(models.abstract_params(model, c.data.image_size))
   count, param_bytes = sum(x.size for x in leaves), sum(x.size * x.dtype.itemsize for x in leaves)
   devices, hbm = len(topology.devices), topology.device.hbm_bytes
   per_device = 2 * param_bytes / devices

@@ -143,12 +143,6 @@ def _inherit_posemb_interpolation(c: ml_collections.ConfigDict,
                  "config's is used", given, c.pretrained, recorded)
 
 
-def abstract_params(model: models.VisionTransformer, image_size: int) -> Any:
-  """The model's parameters as shapes and dtypes: nothing computed or allocated."""
-  images = jax.ShapeDtypeStruct((1, image_size, image_size, 3), jnp.float32)
-  return jax.eval_shape(model.init, jax.random.key(0), images)["params"]
-
-
 def _cpu_devices(c: ml_collections.ConfigDict) -> Sequence[Any] | None:
   """config.cpu_devices in a process whose JAX has started with more CPU devices (a notebook,
   a test): its first so many (vit-train starts JAX with that many). None: all of JAX's."""
@@ -239,7 +233,7 @@ class RunSetup:
           f"not divisible by the model's patch stride {stride} ({c.model_name}); use a "
           f"multiple of {stride}, e.g. {max(c.data.image_size // stride, 1) * stride}")
     if c.optimizer.frozen:  # Refused now (patterns that freeze all), before anything is written.
-      optimizers.trained(abstract_params(model, c.data.image_size), c.optimizer.frozen,
+      optimizers.trained(models.abstract_params(model, c.data.image_size), c.optimizer.frozen,
                          trained_only)
     mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, devices or _cpu_devices(c),
                               c.mesh.dcn_data)
