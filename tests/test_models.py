@@ -28,8 +28,8 @@ TINY = dict(hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2)
 
 
 def count_params(model, size=224) -> int:
-  shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, size, size, 3)))
-  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes["params"]))
+  """Traced once a model for this file's two tables (models.abstract_params)."""
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(models.abstract_params(model, size)))
 
 
 def init_apply(model, images, **kw):
