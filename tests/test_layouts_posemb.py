@@ -283,7 +283,7 @@ def _finetune_params(spec: str, size: int, **model_fields):
     c.model.update({k: v for k, v in parent.model.items() if k in models.registry.SHAPE})
   run_setup.inherit_model_fields(c, parent)
   model = run_setup.build_model(c, 3)
-  return run_setup.load_pretrained(model, opened, jax.random.key(0), (size, size, 3))
+  return run_setup.load_pretrained(model, opened, jax.random.key(0), size)
 
 
 # The size each path runs the forward at (the embedding is compared at both): one forward

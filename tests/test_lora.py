@@ -95,8 +95,7 @@ def test_a_pretrained_checkpoint_gets_new_adapters(tmp_path):
   npz.save_npz(str(tmp_path / "base.npz"), npz.unflatten(base))
   model = models.create_model("ViT-Ti_16", num_classes=5, **TINY_VIT, **LORA)
   opened = loader.open_checkpoint(str(tmp_path / "base.npz"))
-  params = npz.flatten(run_setup.load_pretrained(model, opened, jax.random.key(0),
-                                                        (32, 32, 3)))
+  params = npz.flatten(run_setup.load_pretrained(model, opened, jax.random.key(0), 32))
   assert set(params) - set(base) == {k for k in params if lora.is_adapter(k)}
   for name, value in base.items():
     np.testing.assert_array_equal(params[name], value, err_msg=name)

@@ -4,7 +4,6 @@ metadata a checkpoint must agree with to be resumed, and the steps that compile_
 """
 import contextlib
 import dataclasses
-import functools
 import json
 from typing import Any, Callable, Sequence
 
@@ -261,7 +260,7 @@ class RunSetup:
     if self.pretrained is None:  # A set-up made by `build`, which opens no checkpoint.
       self.pretrained = loader.open_checkpoint(self.config.pretrained)
     size = self.config.data.image_size
-    params = load_pretrained(self.model, self.pretrained, rng, (size, size, 3))
+    params = load_pretrained(self.model, self.pretrained, rng, size)
     self.pretrained.release()
     return params
 
@@ -273,13 +272,14 @@ class RunSetup:
 
 
 def load_pretrained(model: models.VisionTransformer, opened: Opened, rng: jax.Array,
-                    image_shape: tuple[int, ...]) -> Any:
-  """The opened checkpoint's params fitted to `model`; LoRA adapters, which no checkpoint
-  has, initialised (`fit_params` keeps the target's)."""
-  images = jnp.zeros((1,) + image_shape)
-  init = jax.jit(model.init) if model.lora_rank else functools.partial(jax.eval_shape,
-                                                                        model.init)
-  return loader.fit_params(opened, init(rng, images)["params"], model.posemb_interpolation)
+                    image_size: int) -> Any:
+  """The opened checkpoint's params fitted to `model` at `image_size`; LoRA adapters, which
+  no checkpoint has, initialised (`fit_params` keeps the target's)."""
+  if model.lora_rank:
+    target = jax.jit(model.init)(rng, jnp.zeros((1, image_size, image_size, 3)))["params"]
+  else:
+    target = models.abstract_params(model, image_size)
+  return loader.fit_params(opened, target, model.posemb_interpolation)
 
 
 def setup_on(c: ml_collections.ConfigDict, num_classes: int, devices: Sequence[Any]) -> RunSetup:
