@@ -7,6 +7,7 @@ import contextlib
 import glob
 import json
 import os
+import pathlib
 import re
 import shutil
 import sys
@@ -242,3 +243,47 @@ def test_adapters_refuse_another_base_and_find_a_moved_one(lora_run, tmp_path):
   assert export.main([str(adapters), str(tmp_path / "whole.npz"), "--base",
                       str(tmp / "base.npz")]) == 0
   assert loader.describe(str(tmp_path / "whole.npz")).parent_sha256 == sha("base.npz")
+
+
+def test_a_one_process_save_writes_what_orbaxs_default_save_writes(tmp_path):
+  """On the CPU one process saves each replicated array whole (checkpoint/run.py), where
+  orbax's default handler splits it among the replicas: the same files (the arrays' metadata
+  among them) and, read back, the same arrays, for a replicated and a sharded array."""
+  import orbax.checkpoint as ocp
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from orbax.checkpoint._src.metadata import array_metadata_store
+
+  mesh = jax.make_mesh((jax.device_count(),), ("data",))
+  rng = np.random.default_rng(0)
+  state = {"replicated": jax.device_put(rng.normal(size=(64, 48)).astype(np.float32),
+                                        NamedSharding(mesh, P())),
+           "sharded": jax.device_put(rng.normal(size=(64, 48)).astype(np.float32),
+                                     NamedSharding(mesh, P("data")))}
+  handler = ocp.type_handlers.get_type_handler(jax.Array)
+  try:
+    saved = {}
+    for name in ("default", "whole"):
+      if name == "default":
+        ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(
+            array_metadata_store=array_metadata_store.Store()), override=True)
+        manager = ocp.CheckpointManager(run.checkpoint_dir(tmp_path / name),
+                                        item_names=run.ITEMS)
+      else:
+        manager = run.make_manager(tmp_path / name, keep=1)
+      manager.save(1, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
+      manager.wait_until_finished()
+      saved[name] = manager.restore(1)["state"]
+      manager.close()
+    assert jax.device_count() == 8 and not ocp.type_handlers.get_type_handler(
+        jax.Array)._use_replica_parallel
+  finally:
+    ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
+  folders = {name: pathlib.Path(run.checkpoint_dir(tmp_path / name)) for name in saved}
+  files = {name: sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
+                        if "ocdbt" not in str(p) and p.parent.name != "d")  # Content-named.
+           for name, folder in folders.items()}
+  assert files["whole"] == files["default"] and any("array_metadatas" in f
+                                                    for f in files["whole"]), files
+  for name in saved:
+    for key, array in state.items():
+      np.testing.assert_array_equal(np.asarray(saved[name][key]), np.asarray(array))
