@@ -30,6 +30,10 @@ DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 # ships it (`sklearn.datasets.load_digits`): a row per image, 64 pixels in 0-16, then the label.
 DIGITS_CSV = REPO / "tests" / "data" / "digits.csv.gz"
 TINY_CONFIG = str(REPO / "tests" / "tiny_config.py")
+# A 128M-class head of width 1024 on tiny_config: 137.6 G parameters, refused by their count for
+# any slice the tests name (512 GiB, more than a tpu7x-8 or a v5litepod-4 holds), before a
+# compile: the launchers' preflight refusals.
+HEAD_TOO_BIG = ["--num_classes=134217728", "--config.model.hidden_size=1024"]
 # A ViT small enough for unit tests on CPU: model fields over any registry name's.
 TINY_VIT = dict(patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2)
 # LLVM's optimisation of XLA's CPU code, off in every process of the session: the tests' tiny

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from helpers import REPO, TINY_CONFIG, finish, needs_libtpu, wait_for
+from helpers import HEAD_TOO_BIG, REPO, TINY_CONFIG, finish, needs_libtpu, wait_for
 
 
 # Params big enough to be sharded (sharding.fsdp_spec leaves arrays under 2**14 whole).
@@ -167,8 +167,7 @@ def test_launcher_preflight_runs_before_any_gcloud_command(fake_gcloud):
   # whatever the reason (the search for a fix, which test_a_config_too_big_for_its_slice...
   # runs, took 36 s more of a 2-core machine here).
   env, log = fake_gcloud
-  refused = tpu_up(["--num_classes=134217728", "--config.model.hidden_size=1024"], env,
-                   dry_run=False)
+  refused = tpu_up(HEAD_TOO_BIG, env, dry_run=False)
   assert refused.returncode == 2 and not refused.stdout and not log.exists()
   (line,) = [x for x in refused.stderr.splitlines() if x.startswith("error: ")]
   assert line.startswith("error: preflight for v5litepod-4: config.model_name='ViT-Ti_16' with "

@@ -14,13 +14,11 @@ import pytest
 import yaml
 
 import fake_kubectl
-from helpers import (REPO, TINY_CONFIG, cpu_env, finish, interrupted_at, launch, needs_libtpu,
-                     read_scalars, read_until, run_inspect)
+from helpers import (HEAD_TOO_BIG, REPO, TINY_CONFIG, cpu_env, finish, interrupted_at, launch,
+                     needs_libtpu, read_scalars, read_until, run_inspect)
 from launch import accelerators, gke
 
 CLUSTER = ["--name", "vit", "--cluster", "c", "--location", "us-central1"]
-# A 128M-class head of width 1024: 512 GiB of parameters, more than a tpu7x-8's 8 devices hold.
-HUGE = ["--num_classes=134217728", "--config.model.hidden_size=1024"]
 TIME = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] ")
 
 
@@ -371,7 +369,7 @@ def test_the_preflight_compile_refuses_a_config_that_does_not_fit_before_any_kub
   env, folder = scripted_cluster(tmp_path, [{}])
   args = up_args("tpu7x-8", config=TINY_CONFIG, workdir=str(tmp_path / "run"))
   args.remove("--no-preflight")
-  result = launch("gke.py", *args, "--", *HUGE, env=env, timeout=600)
+  result = launch("gke.py", *args, "--", *HEAD_TOO_BIG, env=env, timeout=600)
   assert result.returncode == 2, result.stderr[-2000:]
   assert "--compile_only --topology tpu7x-8" in result.stderr
   [line] = [e for e in result.stderr.splitlines() if e.startswith("error:")]
