@@ -33,33 +33,6 @@ def test_real_counts_a_prediction_in_the_set_and_leaves_out_empty_sets():
   assert evaluator.evaluate(None) == {"accuracy": 4 / 6, "top5_accuracy": 1.0, "num_examples": 6}
 
 
-def _logits(kind: str, rng: np.random.Generator) -> np.ndarray:
-  shape = (64, int(rng.integers(5, 40)))
-  if kind == "distinct":
-    return rng.standard_normal(shape).astype(np.float32)
-  if kind == "ties":  # Few values: most classes tie with the label's.
-    return rng.integers(-2, 3, shape).astype(np.float32)
-  if kind == "all equal":  # A zero-initialised head: top_k takes the first 5 classes.
-    return np.zeros(shape, np.float32)
-  specials = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0], np.float32)
-  return rng.choice(specials, shape)
-
-
-@pytest.mark.parametrize("kind", ["distinct", "ties", "all equal", "nan, inf, signed zeros"])
-def test_in_top5_is_jax_top_ks_top_5(kind):
-  """The top-5 hit, counted without a sort, equals top_k's on every input top_k orders:
-  ties (lower index first), NaNs of both signs, infinities, -0 below +0, float32 and bf16."""
-  import jax
-  import jax.numpy as jnp
-  rng = np.random.default_rng(0)
-  for dtype in (jnp.float32, jnp.bfloat16):
-    for _ in range(20):
-      logits = jnp.asarray(_logits(kind, rng), dtype)
-      label = jnp.asarray(rng.integers(0, logits.shape[1], logits.shape[0]), jnp.int32)
-      want = jnp.any(jax.lax.top_k(logits, 5)[1] == label[:, None], -1)
-      np.testing.assert_array_equal(classification.in_top5(logits, label), want)
-
-
 def test_real_labels_are_the_raters_set():
   task = tasks.get("evals/imagenet_real")
   assert len(task.class_names) == 1000 and task.class_names[0] == "n01440764"
