@@ -55,7 +55,9 @@ import fcntl  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import pathlib  # noqa: E402
+import resource  # noqa: E402
 import shutil  # noqa: E402
+import time  # noqa: E402
 from typing import Iterator  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -93,6 +95,31 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_addoption(parser: pytest.Parser) -> None:
   parser.addoption("--record-file-seconds", action="store_true",
                    help=f"write each test file's seconds in this run to {FILE_SECONDS.name}")
+  parser.addoption("--record-test-cpu", metavar="FILE",
+                   help="append a JSON line a test to FILE: its CPU seconds in the test "
+                        "process and in the children it waited for, and its wall seconds "
+                        "(CONTRIBUTING's slowest tests)")
+
+
+def _cpu_seconds() -> tuple[float, float]:
+  """(this process's, its waited-for children's) user + system seconds."""
+  own, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
+                                                        resource.RUSAGE_CHILDREN))
+  return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem) -> Iterator[None]:
+  out = item.config.getoption("record_test_cpu")
+  if not out:
+    yield
+    return
+  (own, children), start = _cpu_seconds(), time.time()
+  yield
+  (own_after, children_after), wall = _cpu_seconds(), time.time() - start
+  with open(out, "a") as f:  # One short line an append: the workers' lines stay whole.
+    f.write(json.dumps({"id": item.nodeid, "self": own_after - own,
+                        "children": children_after - children, "wall": wall}) + "\n")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
