@@ -79,7 +79,14 @@ def test_format_gives_jax_logits_on_real_images(exported, fmt):
     assert got.shape == want.shape == (batch_size, 10)
     diff = np.abs(got - want).max()
     assert diff <= TOLERANCE[fmt], f"{kind} {fmt} batch {batch_size}: max |diff| {diff:.2e}"
-  np.testing.assert_allclose(predictors.jax_predictor(loaded)(batch), want, atol=1e-5, rtol=0)
+
+
+def test_the_jax_predictor_gives_the_models_logits(exported):
+  """predictors.jax_predictor (a checkpoint's predictor, and what vit-export checks a written
+  model against): the model under jax.jit with the serving signature's preprocessing."""
+  _, loaded, _, batch = exported
+  np.testing.assert_allclose(predictors.jax_predictor(loaded)(batch), jax_logits(loaded, batch),
+                             atol=1e-5, rtol=0)
 
 
 def test_onnx_select_ignores_the_branch_not_taken(tmp_path):
