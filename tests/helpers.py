@@ -227,8 +227,8 @@ def random_params(model, size: int, seed: int = 0):
   normalisation scales 1 + noise; biases, embeddings and the head (zero-initialised) noise;
   other kernels fan-in scaled (an attention output's fan-in is its heads x head width)."""
   import jax
-  import jax.numpy as jnp
-  shapes = jax.eval_shape(model.init, jax.random.key(seed), jnp.zeros((1, size, size, 3)))
+  images = jax.ShapeDtypeStruct((1, size, size, 3), np.float32)
+  shapes = jax.eval_shape(model.init, jax.random.key(seed), images)["params"]
   rng = np.random.default_rng(seed)
 
   def draw(path, leaf):
@@ -238,10 +238,12 @@ def random_params(model, size: int, seed: int = 0):
       return 1 + np.float32(0.02) * noise
     if names[-1] != "kernel" or names[0] == "head":
       return np.float32(0.02) * noise
-    fan_in = np.prod(leaf.shape[:2 if names[-2] == "out" and leaf.ndim == 3 else
-                                 1 if leaf.ndim == 3 else -1])
+    if leaf.ndim == 3:  # Attention's: query/key/value (in, heads, width), out (heads, width, out).
+      fan_in = np.prod(leaf.shape[:2]) if names[-2] == "out" else leaf.shape[0]
+    else:  # Dense (in, out) and convolutions (height, width, in, out).
+      fan_in = np.prod(leaf.shape[:-1])
     return noise / np.float32(np.sqrt(fan_in))
-  return jax.tree_util.tree_map_with_path(draw, shapes["params"])
+  return jax.tree_util.tree_map_with_path(draw, shapes)
 
 
 def random_like(tree, scale: float, seed: int):
