@@ -179,12 +179,30 @@ def native_logs(show_errors: bool = True) -> Iterator[None]:
               flush=True)
 
 
+@contextlib.contextmanager
+def _keras_deferred() -> Iterator[None]:
+  """TensorFlow imports Keras as it loads, where Keras is installed (it registers Keras
+  optimizers for Keras models' SavedModels, which no command reads or writes): ~1 CPU-s of a
+  command's start, with matplotlib, rich and IPython, which Keras imports. Inside the block
+  Keras cannot be imported, which TensorFlow allows (it passes over the ImportError); after
+  it Keras imports as usual wherever something asks for it."""
+  if "keras" in sys.modules:
+    yield
+    return
+  sys.modules["keras"] = None  # An import of it raises ModuleNotFoundError.
+  try:
+    yield
+  finally:
+    if "keras" in sys.modules and sys.modules["keras"] is None:
+      del sys.modules["keras"]
+
+
 def start_tensorflow(datasets: bool = True) -> None:
   """Imports TensorFlow, and TFDS (the data pipeline's) unless not `datasets`, with
   TensorFlow's C++ start-up lines caught (native_logs), TFDS's progress bars as route_logs
   set them: a command that reads data or images, or serves a model, calls this once its
   arguments are checked (the library imports TensorFlow when first used)."""
-  with native_logs():
+  with native_logs(), _keras_deferred():
     import tensorflow  # noqa: F401
     if datasets:
       import tensorflow_datasets as tfds
