@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from helpers import HEAD_TOO_BIG, REPO, TINY_CONFIG, finish, needs_libtpu, wait_for
 
 
@@ -34,19 +36,26 @@ def compile_json(topology: str, *overrides: str) -> dict:
   return json.loads(result.stdout)
 
 
-@needs_libtpu
-def test_single_host_compile_reports_memory_flops_collectives_and_a_bound(tmp_path):
-  """Twice, with a compilation cache: JAX's persistent cache cannot load a program compiled for
-  devices this machine lacks, and a rerun that read the first run's entries warned once a
-  program that it could not, then compiled anyway. --compile_only leaves the cache alone: each
-  run's one line on stderr is its progress."""
-  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jit"))
+@pytest.fixture(scope="module")
+def data_parallel(tmp_path_factory) -> dict:
+  """`--compile_only --json` of the MEDIUM config on v5litepod-4 (v5e:2x2's other name), data
+  parallel, run twice with a compilation cache: the second run's report. JAX's persistent
+  cache cannot load a program compiled for devices this machine lacks, and a rerun that read
+  the first run's entries warned once a program that it could not, then compiled anyway:
+  --compile_only leaves the cache alone, and each run's one line on stderr is its progress."""
+  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jit")))
   for _ in range(2):
-    result = train_cli("--compile_only", "--topology", "v5litepod-4", "--json", env=env)
+    result = train_cli("--compile_only", "--topology", "v5litepod-4", "--json", *MEDIUM,
+                       env=env)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 0 and len(lines) == 1, result.stderr
     assert lines[0].startswith("compiled the config in "), result.stderr
-  r = json.loads(result.stdout)
+  return json.loads(result.stdout)
+
+
+@needs_libtpu
+def test_single_host_compile_reports_memory_flops_collectives_and_a_bound(data_parallel):
+  r = data_parallel
   assert (r["chips"], r["hosts"], r["device_kind"]) == (4, 1, "TPU v5 lite")
   assert r["fits"] and r["mesh"] == {"data": 4, "fsdp": 1} and r["per_chip_batch"] == 8
   train, evaluate = r["train"], r["eval"]
@@ -75,10 +84,10 @@ def test_multislice_splits_data_over_the_slices():
 
 
 @needs_libtpu
-def test_fsdp_shards_parameters_and_optimizer_state():
+def test_fsdp_shards_parameters_and_optimizer_state(data_parallel):
   """Data parallelism keeps every parameter on every chip (no all-gather); mesh.fsdp=4 keeps
   about a quarter of them, and of Adam's state, per chip, gathered as the step needs them."""
-  data = compile_json("v5e:2x2", *MEDIUM)
+  data = data_parallel
   fsdp = compile_json("v5e:2x2", *MEDIUM, "--config.mesh.fsdp=4")
   assert "all-gather" not in data["train"]["collectives"]
   assert fsdp["train"]["collectives"]["all-gather"]["ops"] > 0
