@@ -25,8 +25,8 @@ from vit_jax.models import features, timm_models, vit
 TINY = dict(patch_size=8, hidden_size=32, mlp_dim=64, num_heads=4, num_layers=1)
 
 
-def random_params(model, images):
-  """Random parameters of the model's shapes, made on the host (no init to compile).
+def normal_params(model, images):
+  """N(0, 0.3) parameters of the model's shapes, made on the host (no init to compile).
 
   Random rather than initial values: the zero-initialised head would hide the attention.
   """
@@ -40,7 +40,7 @@ def test_fused_attention_equals_explicit_softmax(dtype, tol):
   model = models.create_model("ViT-Ti_16", num_classes=5, dtype=dtype, attention_impl="auto",
                               **TINY)
   images = np.random.default_rng(1).normal(size=(2, 32, 32, 3)).astype(np.float32)
-  variables = {"params": random_params(model, images)}
+  variables = {"params": normal_params(model, images)}
   apply = jax.jit(model.apply, static_argnames=("return_aux", "return_attention"))
   fused, fused_aux = apply(variables, images, return_aux=True)
   explicit, aux = apply(variables, images, return_attention=True)
