@@ -186,6 +186,9 @@ def refusals_before_work(f: Files, model: str) -> list[Case]:
            not_written=(f"{users}/fewshot.csv",)),
       Case("vit-transfer", "zero steps", [model, "--suite", "x", "--steps=0"],
            "--steps=0: must be a whole number of 1 or more"),
+      Case("vit-transfer", "a task misspelt (no task, TFDS dataset or folder)",
+           [model, "--suite", "vtab1k/cifar100,vtab1k/dtdd", "--out_dir", out],
+           "unknown task or suite 'vtab1k/dtdd'", not_written=(out,)),
       Case("vit-transfer", "a folder too small for the protocol's splits",
            [model, "--suite", f.small, "--out_dir", out],
            f"--suite {f.small}: the protocol's split 'train[800:1000]' of {f.small} is empty: "

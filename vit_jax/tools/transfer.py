@@ -183,9 +183,11 @@ def main(argv: list[str]) -> int:
     cli.check_owned("--out_dir", args.out_dir, owned,
                     "results.csv, .md, .png and a folder per checkpoint")
   logs.route_logs(verbose=args.verbose)
+  from vit_jax.data import tasks  # Its TensorFlow and TFDS load when used.
+  if args.list is None and not args.report_only:  # A task or suite misspelt: refused at once.
+    task_list = tasks.resolve_or_custom(args.suite)
   cpu_backend.prepare(args.cpu_devices)  # Before JAX starts.
   logs.start_tensorflow()
-  from vit_jax.data import tasks
   from vit_jax.transfer import report, sweep, task_splits
   if args.list is not None:
     print_list(args.list, args.format)
@@ -194,7 +196,6 @@ def main(argv: list[str]) -> int:
     failures = report.write(args.out_dir)
   else:
     settings = settings_of(args)
-    task_list = tasks.resolve_or_custom(args.suite)
     task_splits.check(task_list, settings)
     if args.launch:
       return launch(args, [t.name for t in task_list])
