@@ -227,8 +227,8 @@ def random_params(model, size: int, seed: int = 0):
   normalisation scales 1 + noise; biases, embeddings and the head (zero-initialised) noise;
   other kernels fan-in scaled (an attention output's fan-in is its heads x head width)."""
   import jax
-  images = jax.ShapeDtypeStruct((1, size, size, 3), np.float32)
-  shapes = jax.eval_shape(model.init, jax.random.key(seed), images)["params"]
+  from vit_jax import models
+  shapes = models.abstract_params(model, size)
   rng = np.random.default_rng(seed)
 
   def draw(path, leaf):
