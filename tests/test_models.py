@@ -287,6 +287,38 @@ def test_stochastic_depth_drops_whole_branches_per_example_at_linear_rates():
         jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
 
 
+# A model of each form the encoder takes (its blocks' arrays, the encoder's own), 3 blocks.
+ENCODER_FORMS = {
+    "plain": ("ViT-Ti_16", {}),
+    "gap": ("ViT-S_16-gap-norep", {}),
+    "hybrid": ("R+ViT-Ti_16", {}),
+    "sincos2d": ("ViT-Ti_16", dict(posemb="sincos2d", fc_norm=True, classifier="gap")),
+    "every_field": ("ViT-Ti_16", dict(  # test_vit_fields.EVERY_FIELD
+        classifier="gap", class_token=True, num_registers=2, pre_norm=True, layer_scale=True,
+        qkv_bias="qv", mlp="swiglu", mlp_norm=True, attention_norm=True, rope="eva",
+        rope_ref_grid=16, head_bias=False)),
+    "lora": ("ViT-Ti_16", dict(lora_rank=2,
+                               lora_targets=("query", "value", "out", "Dense_0", "Dense_1"))),
+}
+
+
+@pytest.mark.parametrize("form", ENCODER_FORMS)
+def test_abstract_params_trace_one_block_and_give_the_whole_trace(form):
+  """The same paths in the same order, shapes and dtypes as eval_shape of the whole model's
+  init (every registry entry's count against timm's is test_every_registry_entry_matches_timm
+  _count, through the same function)."""
+  name, fields = ENCODER_FORMS[form]
+  model = models.create_model(name, num_classes=10, num_layers=3, **fields)
+  size = 4 * model.stride  # A 4x4 grid: rope's reference grid of 16 tokens.
+  whole = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, size, size, 3)))["params"]
+  traced = models.vit._trace_params(model, size)
+  assert jax.tree_util.tree_flatten_with_path(traced) == (
+      jax.tree_util.tree_flatten_with_path(whole))
+  assert list(traced["Transformer"]) == list(whole["Transformer"])
+  blocks = [traced["Transformer"][f"encoderblock_{i}"] for i in range(3)]
+  assert blocks[1] is not blocks[0] and blocks[2] is not blocks[1]  # Each a tree of its own.
+
+
 def test_abstract_params_are_traced_once_a_model_and_size_and_each_caller_gets_its_own():
   fields = dict(patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1)
   model = models.create_model("R+ViT-Ti_16", num_classes=3, **fields)

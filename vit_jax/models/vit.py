@@ -494,8 +494,18 @@ def abstract_params(model: VisionTransformer, image_size: int) -> Any:
 
 
 def _trace_params(model: VisionTransformer, image_size: int) -> Any:
+  """The encoder's blocks are alike (Encoder: every field but the block's index is shared, and
+  the index sets only a rate): a model of one block is traced and the others take its shapes,
+  in the order a whole trace gives. ViT-H/14 at 224 px: 1.1 CPU-s traced whole, 0.1-0.2 so."""
   images = jax.ShapeDtypeStruct((1, image_size, image_size, 3), jnp.float32)
-  return jax.eval_shape(model.init, jax.random.key(0), images)["params"]
+  one_block = model.clone(num_layers=min(model.num_layers, 1))
+  params = jax.eval_shape(one_block.init, jax.random.key(0), images)["params"]
+  if model.num_layers > 1:
+    encoder = params["Transformer"]
+    encoder.update({f"encoderblock_{i}": encoder["encoderblock_0"]
+                    for i in range(1, model.num_layers)})
+  # Each block its own dicts, the keys in eval_shape's (sorted) order.
+  return jax.tree.map(lambda x: x, params)
 
 
 _traced_params = functools.lru_cache(maxsize=32)(_trace_params)
