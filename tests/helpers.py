@@ -326,15 +326,16 @@ TINY_SERVING_MODELS = {
 
 
 def tiny_serving_checkpoint(path, kind: str, num_classes: int = 10, seed: int = 0) -> str:
-  """A tiny model of TINY_SERVING_MODELS with random params (the head too, so that the
-  logits differ by image and class), written as a released-layout .npz; returns the path."""
+  """A tiny model of TINY_SERVING_MODELS with random params (random_params; the head larger, so
+  that the logits differ by image and class), written as a released-layout .npz; returns the
+  path."""
   import jax
   import jax.numpy as jnp
   from vit_jax import models
   from vit_jax.checkpoint import description, loader, npz
   name, size, overrides = TINY_SERVING_MODELS[kind]
   model = models.create_model(name, num_classes=num_classes, **overrides)
-  params = model.init(jax.random.key(seed), jnp.zeros((1, size, size, 3)), train=False)["params"]
+  params = jax.tree.map(jnp.asarray, random_params(model, size, seed))
   head = params["head"]["kernel"]
   params["head"] = {"kernel": jax.random.normal(jax.random.key(seed + 1), head.shape) * 0.5,
                     "bias": jax.random.normal(jax.random.key(seed + 2), (num_classes,)) * 0.1}
