@@ -45,6 +45,11 @@ TINY_VIT = dict(patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layer
 # 1,568 passed in 1,275 s instead of ~1,510 s on two AVX2 cores.
 TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false "
                   "--xla_cpu_parallel_codegen_split_count=1")
+# Every optional field of a ViT on at once (the Hub families' forms together).
+EVERY_FIELD = dict(classifier="gap", class_token=True, num_registers=2, pre_norm=True,
+                   layer_scale=True, qkv_bias="qv", mlp="swiglu", mlp_norm=True,
+                   attention_norm=True, rope="eva", rope_ref_grid=16, head_bias=False,
+                   layer_norm_eps=1e-5)
 # tests/tiny_config.py's model: 28 px images in a 4x4 grid of 7 px patches.
 TINY_CONFIG_VIT = dict(patch_size=7, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2)
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import noisy
+from helpers import EVERY_FIELD, noisy
 from vit_jax import models
 from vit_jax.models import timm_models
 
@@ -293,10 +293,7 @@ ENCODER_FORMS = {
     "gap": ("ViT-S_16-gap-norep", {}),
     "hybrid": ("R+ViT-Ti_16", {}),
     "sincos2d": ("ViT-Ti_16", dict(posemb="sincos2d", fc_norm=True, classifier="gap")),
-    "every_field": ("ViT-Ti_16", dict(  # test_vit_fields.EVERY_FIELD
-        classifier="gap", class_token=True, num_registers=2, pre_norm=True, layer_scale=True,
-        qkv_bias="qv", mlp="swiglu", mlp_norm=True, attention_norm=True, rope="eva",
-        rope_ref_grid=16, head_bias=False)),
+    "every_field": ("ViT-Ti_16", EVERY_FIELD),
     "lora": ("ViT-Ti_16", dict(lora_rank=2,
                                lora_targets=("query", "value", "out", "Dense_0", "Dense_1"))),
 }
@@ -305,8 +302,7 @@ ENCODER_FORMS = {
 @pytest.mark.parametrize("form", ENCODER_FORMS)
 def test_abstract_params_trace_one_block_and_give_the_whole_trace(form):
   """The same paths in the same order, shapes and dtypes as eval_shape of the whole model's
-  init (every registry entry's count against timm's is test_every_registry_entry_matches_timm
-  _count, through the same function)."""
+  init. Every registry entry's count goes through the same function in the timm-count test."""
   name, fields = ENCODER_FORMS[form]
   model = models.create_model(name, num_classes=10, num_layers=3, **fields)
   size = 4 * model.stride  # A 4x4 grid: rope's reference grid of 16 tokens.

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import apply, random_like, randomised_torch
+from helpers import EVERY_FIELD, apply, random_like, randomised_torch
 from vit_jax import models
 from vit_jax.checkpoint import errors, npz
 from vit_jax.checkpoint.layouts import timm_eva, timm_vit
@@ -291,12 +291,6 @@ def test_eva_forms_are_timms_at_two_sizes(architecture):
   for m, p, (tm, tp) in zip(maps, prefix, theirs):
     np.testing.assert_allclose(np.asarray(m), tm.numpy(), atol=1e-4, rtol=1e-4)
     np.testing.assert_allclose(np.asarray(p), tp.numpy(), atol=1e-4, rtol=1e-4)
-
-
-EVERY_FIELD = dict(classifier="gap", class_token=True, num_registers=2, pre_norm=True,
-                   layer_scale=True, qkv_bias="qv", mlp="swiglu", mlp_norm=True,
-                   attention_norm=True, rope="eva", rope_ref_grid=16, head_bias=False,
-                   layer_norm_eps=1e-5)
 
 
 def every_field_model(**kw) -> vit.VisionTransformer:
