@@ -33,6 +33,26 @@ def test_real_counts_a_prediction_in_the_set_and_leaves_out_empty_sets():
   assert evaluator.evaluate(None) == {"accuracy": 4 / 6, "top5_accuracy": 1.0, "num_examples": 6}
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("classes", [5, 7, 1000])
+def test_the_labels_rank_gives_top_k_of_jax_with_its_ties(classes, dtype):
+  """label_rank < k is `label in jax.lax.top_k(logits, k)` for every k, ties included (few
+  distinct values: most rows tie at the label), a -inf label and a label out of range too;
+  rank 0 is argmax's answer."""
+  import jax
+  import jax.numpy as jnp
+  rng = np.random.default_rng(classes)
+  logits = jnp.asarray(rng.integers(-3, 3, (64, classes)), dtype)
+  logits = logits.at[0].set(-jnp.inf).at[1, 2].set(-jnp.inf).at[2].set(jnp.inf)
+  label = jnp.asarray(np.r_[2, 2, 1, classes, rng.integers(0, classes, 60)], jnp.int32)
+  rank = np.asarray(classification.label_rank(logits, label))
+  for k in range(1, min(classes, 6) + 1):
+    in_top_k = np.any(np.asarray(jax.lax.top_k(logits, k)[1]) == np.asarray(label)[:, None], -1)
+    np.testing.assert_array_equal(rank < k, in_top_k, err_msg=f"k={k}")
+  np.testing.assert_array_equal(rank == 0, np.argmax(logits, -1) == label)
+  assert rank[3] == classes  # Out of range: in no top k.
+
+
 def test_real_labels_are_the_raters_set():
   task = tasks.get("evals/imagenet_real")
   assert len(task.class_names) == 1000 and task.class_names[0] == "n01440764"
