@@ -437,7 +437,7 @@ def jax_logits(loaded, batch: np.ndarray) -> np.ndarray:
   """The reference: the model applied to the input pipeline's preprocessing of `batch`."""
   from vit_jax.data import preprocess as pp
   x = pp.apply_preprocessing(batch, loaded.description.preprocessing).numpy()
-  return np.asarray(loaded.model.apply({"params": loaded.params}, x, train=False))
+  return np.asarray(apply(loaded.model, {"params": loaded.params}, x, train=False))
 
 
 # LoRA's.
