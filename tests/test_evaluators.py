@@ -33,24 +33,38 @@ def test_real_counts_a_prediction_in_the_set_and_leaves_out_empty_sets():
   assert evaluator.evaluate(None) == {"accuracy": 4 / 6, "top5_accuracy": 1.0, "num_examples": 6}
 
 
+def _logits(kind: str, classes: int, rng: np.random.Generator) -> np.ndarray:
+  shape = (64, classes)
+  if kind == "distinct":
+    return rng.standard_normal(shape).astype(np.float32)
+  if kind == "ties":  # Few values: most rows tie at the label.
+    return rng.integers(-2, 3, shape).astype(np.float32)
+  if kind == "all equal":  # A zero-initialised head: top_k takes the first classes.
+    return np.zeros(shape, np.float32)
+  specials = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0], np.float32)
+  return rng.choice(specials, shape)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("classes", [5, 7, 1000])
-def test_the_labels_rank_gives_top_k_of_jax_with_its_ties(classes, dtype):
-  """label_rank < k is `label in jax.lax.top_k(logits, k)` for every k, ties included (few
-  distinct values: most rows tie at the label), a -inf label and a label out of range too;
-  rank 0 is argmax's answer."""
+@pytest.mark.parametrize("kind", ["distinct", "ties", "all equal", "nan, inf, signed zeros"])
+def test_the_labels_rank_gives_jax_top_k(kind, dtype):
+  """label_rank < k is `label in jax.lax.top_k(logits, k)` for k up to 6 on every input top_k
+  orders: ties (the lower index first), NaNs of both signs, infinities, -0 below +0; rank 0 is
+  argmax where no NaN is; a label out of range is in no top k."""
   import jax
   import jax.numpy as jnp
-  rng = np.random.default_rng(classes)
-  logits = jnp.asarray(rng.integers(-3, 3, (64, classes)), dtype)
-  logits = logits.at[0].set(-jnp.inf).at[1, 2].set(-jnp.inf).at[2].set(jnp.inf)
-  label = jnp.asarray(np.r_[2, 2, 1, classes, rng.integers(0, classes, 60)], jnp.int32)
-  rank = np.asarray(classification.label_rank(logits, label))
-  for k in range(1, min(classes, 6) + 1):
-    in_top_k = np.any(np.asarray(jax.lax.top_k(logits, k)[1]) == np.asarray(label)[:, None], -1)
-    np.testing.assert_array_equal(rank < k, in_top_k, err_msg=f"k={k}")
-  np.testing.assert_array_equal(rank == 0, np.argmax(logits, -1) == label)
-  assert rank[3] == classes  # Out of range: in no top k.
+  rng = np.random.default_rng(len(kind))
+  for classes in (5, 7, 1000):
+    logits = jnp.asarray(_logits(kind, classes, rng), dtype)
+    label = jnp.asarray(rng.integers(0, classes, 64), jnp.int32).at[0].set(classes)
+    rank = np.asarray(classification.label_rank(logits, label))
+    for k in range(1, min(classes, 6) + 1):
+      top = np.asarray(jax.lax.top_k(logits, k)[1])
+      np.testing.assert_array_equal(rank < k, np.any(top == np.asarray(label)[:, None], -1),
+                                    err_msg=f"{classes} classes, k={k}")
+    if kind != "nan, inf, signed zeros":
+      np.testing.assert_array_equal(rank == 0, np.argmax(logits, -1) == label)
+    assert rank[0] == classes
 
 
 def test_real_labels_are_the_raters_set():

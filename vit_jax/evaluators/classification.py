@@ -28,14 +28,18 @@ def label_set_sums(logits: jax.Array, label_sets: jax.Array, mask: jax.Array
 
 
 def label_rank(logits: jax.Array, label: jax.Array) -> jax.Array:
-  """Each row's label's place in the order `jax.lax.top_k` gives (ties: the lower index
-  first): the classes scored above it and those tied with it before it. Top-5 is rank < 5
-  without sorting the classes (a 2**23-class head's top_k took half of a TPU compile)."""
-  classes = jnp.arange(logits.shape[-1])
-  # A masked max rather than a gather: under mesh.fsdp the head's classes are sharded, and a
-  # gather kept a second copy of the logits.
-  at_label = jnp.max(jnp.where(classes == label[:, None], logits, -jnp.inf), -1, keepdims=True)
-  return jnp.sum((logits > at_label) | ((logits == at_label) & (classes < label[:, None])), -1)
+  """Each row's label's place in the order `jax.lax.top_k` gives: XLA's total order of floats
+  (NaN above inf, -0 below +0), ties by the lower index first. Top-5 is rank < 5, counted by
+  a comparison a class instead of a sort (a 2**23-class head's top_k took half of a TPU
+  compile)."""
+  bits = jax.lax.bitcast_convert_type(logits.astype(jnp.float32), jnp.int32)
+  key = jnp.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # Ordered as the floats' total order.
+  classes = jnp.arange(key.shape[-1])
+  # The label's key by a masked max, not a gather: under mesh.fsdp the head's classes are
+  # sharded, and a gather made XLA keep and move a second copy of the logits.
+  at_label = jnp.max(jnp.where(classes == label[:, None], key, jnp.iinfo(jnp.int32).min), -1,
+                     keepdims=True)
+  return jnp.sum((key > at_label) | ((key == at_label) & (classes < label[:, None])), -1)
 
 
 class ClassificationEvaluator:
