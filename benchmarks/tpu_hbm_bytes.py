@@ -8,9 +8,11 @@ its outputs; parameters, constants, bitcasts and tuple plumbing move nothing; a 
 that the fusion only slices counts the slice; an async op counts at its start. Arrays are
 counted at their logical size (no tile padding), as XLA does. What it cannot see: the share of
 an operand a fusion reads twice (counted once) and where the compiler keeps a small operand in
-VMEM (counted as moved). A fusion is named for the first role of what it computes
+VMEM (counted as moved, as XLA counts it). A fusion is named for the first role of what it computes
 (gpu_kernels.ROLES: `transpose(jvp(...))` in an op's name is the backward pass), with the roles
-it also fuses beside it.
+it also fuses beside it. Its HBM side counts only the arrays in HBM (the layout names no other
+memory space: S(1) is VMEM) and a copy between HBM and VMEM once: what the HBM's bandwidth
+carries, which XLA's figure overstates where libtpu keeps activations in VMEM.
 
   PYTHONPATH=. python benchmarks/tpu_hbm_bytes.py --config pretrain:b16,i21k \
       --topology v5litepod-16 [--set model.num_layers=2 ...] [--hlo_out step.hlo.txt]
@@ -43,6 +45,7 @@ ZERO = ("parameter", "constant", "bitcast", "get-tuple-element", "tuple", "after
 # Custom calls that move nothing: ConcatBitcast views adjacent buffers as one (XLA counts none).
 NO_BYTES = ("ConcatBitcast",)
 ASYNC_DONE = re.compile(r"-done$")
+MEMORY_SPACE = re.compile(r"S\([1-9]\d*\)")
 _NEW_LINE = re.compile(r"^(\s+(ROOT )?%|%|ENTRY |HloModule|\}$|\S+\n?$|$)")
 
 
@@ -78,25 +81,36 @@ def _sliced_bytes(module: g.Module, instr: g.Instruction, index: int) -> Optiona
   return None
 
 
-def moved(module: g.Module, instr: g.Instruction) -> float:
-  """Operand + output bytes of one top-level instruction, as XLA's cost analysis counts them."""
-  op = instr.opcode
+def _hbm_bytes(shape: str) -> float:
+  """An array's bytes where it lives in HBM; none where its layout names another memory space
+  (S(1): VMEM; S(2), S(6): scalars in SMEM and semaphores)."""
+  return 0.0 if MEMORY_SPACE.search(shape) else g.shape_bytes(shape)
+
+
+def moved(module: g.Module, instr: g.Instruction, hbm_side: bool = False) -> float:
+  """Operand + output bytes of one top-level instruction, as XLA's cost analysis counts them;
+  `hbm_side`: only those of arrays in HBM, a copy between HBM and VMEM once (what the HBM's
+  bandwidth carries; XLA's count also charges what is read from and written to VMEM)."""
+  op, size = instr.opcode, _hbm_bytes if hbm_side else g.shape_bytes
   if op == "copy-done":  # XLA counts a copy twice: at its start and, again, at its end.
-    return 2 * g.shape_bytes(instr.shape)
+    return 0.0 if hbm_side else 2 * g.shape_bytes(instr.shape)
+  if op == "copy-start" and hbm_side:
+    return size(module.operand_shape(instr.operands[0])) or size(g.tuple_parts(instr.shape)[0])
   if op in ZERO or ASYNC_DONE.search(op) or instr.target in NO_BYTES:
     return 0.0
   outputs = g.tuple_parts(instr.shape)
   if op.endswith("-start"):  # (operands..., results..., contexts): the results once.
     arrays = [s for s in outputs if not re.match(r"(u32|s32)\[\]", s)]
     outputs = arrays[len(arrays) // 2:] if len(arrays) > 1 else arrays
-  total = sum(map(g.shape_bytes, outputs))
+  total = sum(map(size, outputs))
   seen = set()
   for k, operand in enumerate(instr.operands):
     if operand in seen:
       continue
     seen.add(operand)
-    part = _sliced_bytes(module, instr, k) if op == "fusion" else None
-    total += g.shape_bytes(module.operand_shape(operand)) if part is None else part
+    whole = size(module.operand_shape(operand))
+    part = _sliced_bytes(module, instr, k) if op == "fusion" and whole else None
+    total += whole if part is None else part
   return total
 
 
@@ -120,6 +134,7 @@ class Group:
   name: str
   ops: int = 0
   bytes: float = 0.0
+  hbm: float = 0.0  # Of `bytes`, those of arrays in HBM (moved(..., hbm_side=True)).
   fused: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
 
@@ -142,22 +157,26 @@ def tabulate(module: g.Module) -> dict[str, Group]:
       k, fused = kind(module, instr)
       row = groups.setdefault(k, Group(k))
       row.ops, row.bytes = row.ops + 1, row.bytes + b
+      row.hbm += moved(module, instr, hbm_side=True)
       row.fused[fused] += b
   return dict(sorted(groups.items(), key=lambda kv: -kv[1].bytes))
 
 
 def format_table(groups: dict[str, Group], bytes_accessed: Optional[float]) -> str:
   total = sum(r.bytes for r in groups.values())
-  lines = ["| kind of work | ops | GB a chip | share | of it fused with |",
-           "| --- | ---: | ---: | ---: | --- |"]
+  hbm = sum(r.hbm for r in groups.values())
+  lines = ["| kind of work | ops | GB a chip | share | HBM side GB | of it fused with |",
+           "| --- | ---: | ---: | ---: | ---: | --- |"]
   for r in groups.values():
     fused = "; ".join(f"{f} {b / 1e9:.1f}" for f, b in r.fused.most_common(3) if f)
     lines.append(f"| {r.name} | {r.ops} | {r.bytes / 1e9:.2f} | {r.bytes / total:.1%} | "
-                 f"{fused} |")
-  lines.append(f"| **total** | {sum(r.ops for r in groups.values())} | {total / 1e9:.2f} | | |")
+                 f"{r.hbm / 1e9:.2f} | {fused} |")
+  lines.append(f"| **total** | {sum(r.ops for r in groups.values())} | {total / 1e9:.2f} | | "
+               f"{hbm / 1e9:.2f} | |")
   if bytes_accessed:
     lines.append(f"\nXLA's cost_analysis bytes accessed: {bytes_accessed / 1e9:.2f} GB; "
-                 f"this count is {total / bytes_accessed:.4f}x it.")
+                 f"this count is {total / bytes_accessed:.4f}x it, its HBM side "
+                 f"{hbm / bytes_accessed:.4f}x.")
   return "\n".join(lines)
 
 
@@ -215,7 +234,8 @@ def main(argv: Optional[list[str]] = None) -> None:
   if a.json_out:
     with open(a.json_out, "w") as f:
       json.dump(dict(extra, bytes_accessed=a.bytes_accessed, groups={
-          k: dict(ops=r.ops, bytes=r.bytes, fused=dict(r.fused)) for k, r in groups.items()}),
+          k: dict(ops=r.ops, bytes=r.bytes, hbm_bytes=r.hbm, fused=dict(r.fused))
+          for k, r in groups.items()}),
           f, indent=1)
 
 

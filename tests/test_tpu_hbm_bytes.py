@@ -63,6 +63,11 @@ def test_the_count_by_instruction_is_xlas_bytes_accessed_by_kind_of_work():
   assert max(groups, key=lambda k: groups[k].bytes) == "matmul"
   assert {"matmul", "optimizer update"} <= set(groups)
   assert groups["optimizer update"].bytes < 0.1 * total
+  # What libtpu keeps in VMEM is XLA's bytes but not HBM traffic: each kind's HBM side is
+  # part of its count, the prefetches' under it (their VMEM side left out).
+  assert all(0 <= g.hbm <= g.bytes for g in groups.values())
+  prefetch = groups[tpu_hbm_bytes.PREFETCH]
+  assert 0 < prefetch.hbm < prefetch.bytes
   table = tpu_hbm_bytes.format_table(groups, cost["bytes accessed"])
   assert table.startswith("| kind of work |") and "this count is" in table
 
@@ -86,6 +91,12 @@ ENTRY %main (p: f32[768,12,64], q: f32[8,128]) -> f32[8,128] {
   moved = {i.name: tpu_hbm_bytes.moved(module, i) for i in module.computations[module.entry]}
   assert moved == {"p": 0, "q": 0, "s": 768 * 12 * 64 * 4 + 768 * 3 * 64 * 4, "sd": 0,
                    "cb": 0, "cs": 2 * 8 * 128 * 4, "cd": 2 * 8 * 128 * 4}
+  # The HBM side alone: the slice reads its operand from HBM into VMEM (S(1)), the copy
+  # reads q from HBM once; nothing read from or written to VMEM counts.
+  hbm = {i.name: tpu_hbm_bytes.moved(module, i, hbm_side=True)
+         for i in module.computations[module.entry]}
+  assert hbm == {"p": 0, "q": 0, "s": 768 * 12 * 64 * 4, "sd": 0, "cb": 0, "cs": 8 * 128 * 4,
+                 "cd": 0}
 
 
 @needs_libtpu
