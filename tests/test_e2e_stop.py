@@ -31,8 +31,8 @@ def test_a_sigterm_saves_and_the_rerun_resumes_to_the_same_losses(tmp_path, data
   """The stop is a `vit-train` process's (its signal, status and console line); the
   uninterrupted reference and the resume run in this process (a process of their own cost ~10
   CPU-s each), on 8 devices as the stopped run: XLA's CPU pool, sized by the process's device
-  count, sets the order of a matmul's sums (one device of eight, config.cpu_devices=1, and
-  one device alone differ in the last bit)."""
+  count, sets how its work is split and summed (one device of eight, config.cpu_devices=1, and
+  one device alone differ in the last bit; with NPROC=16 the one device agrees)."""
   workdir = tmp_path / "killed"
   proc = children(subprocess.Popen(
       cli(workdir, dataset, "--config.total_steps=24",
