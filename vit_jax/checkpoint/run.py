@@ -10,6 +10,7 @@ is workdir_lock.py's.
 import json
 import logging
 import os
+import sys
 from typing import Any
 
 import jax
@@ -161,6 +162,41 @@ def set_aside(workdir: str | epath.Path, step: int) -> epath.Path:
   return dst
 
 
+class _AbandonedReads(logging.Filter):
+  """Drops asyncio's report of a failed tensorstore read nobody awaited (the restore had
+  already failed on another array's)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return not ("exception was never retrieved" in message and "tensorstore_spec" in message)
+
+
+_ABANDONED_READS = _AbandonedReads()
+
+
+def _ignore_loop_closed(previous: Any) -> Any:
+  def hook(unraisable: Any) -> None:
+    if not (isinstance(unraisable.exc_value, RuntimeError)
+            and str(unraisable.exc_value) == "Event loop is closed"):
+      previous(unraisable)
+  hook.ignores_loop_closed = True
+  return hook
+
+
+def _quiet_abandoned_reads() -> None:
+  """A restore that fails on one array returns while orbax's reads of the others are still in
+  flight, and orbax closes their event loop: each read that ends then raises 'Event loop is
+  closed' in its callback (printed as unraisable), and each that failed too is reported by
+  asyncio when collected. That repeats the one failure already reported, array by array (45 KB
+  of tracebacks on the console for a ViT-Ti, a pipe's worth: a parent that reads its child's
+  stderr only at the end blocked it). Idempotent; other unraisables and records pass."""
+  asyncio_logger = logging.getLogger("asyncio")
+  if _ABANDONED_READS not in asyncio_logger.filters:
+    asyncio_logger.addFilter(_ABANDONED_READS)
+  if not getattr(sys.unraisablehook, "ignores_loop_closed", False):
+    sys.unraisablehook = _ignore_loop_closed(sys.unraisablehook)
+
+
 def restore_latest(workdir: str | epath.Path, keep: int, state: Any, shardings: Any
                    ) -> tuple[ocp.CheckpointManager, Any, dict[str, Any] | None, int]:
   """(manager, state, metadata, step) of the newest step that restores and verifies.
@@ -169,6 +205,7 @@ def restore_latest(workdir: str | epath.Path, keep: int, state: Any, shardings: 
   with none left, `state` itself (its shapes suffice) is returned at step 0. A step whose state
   is laid out otherwise than `state` (a changed config, not damage) is refused, kept in place.
   """
+  _quiet_abandoned_reads()  # Before: the first read may end before the failure is raised.
   while True:
     manager = make_manager(workdir, keep)
     step = manager.latest_step()
@@ -265,16 +302,31 @@ def read_params(step_dir: str | epath.Path, ema: bool = False
   """Params (flat, original layout; with `ema` their moving average) and metadata of one step,
   as host numpy arrays."""
   step_dir = _checked_step_dir(step_dir)
+  _quiet_abandoned_reads()  # A damaged step raises one error, not one per array.
   checkpointer = ocp.PyTreeCheckpointer()
-  tree = checkpointer.metadata(step_dir / "state").item_metadata.tree
-  restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-  state = checkpointer.restore(step_dir / "state",
-                               args=ocp.args.PyTreeRestore(restore_args=restore_args))
+  try:
+    tree = checkpointer.metadata(step_dir / "state").item_metadata.tree
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+    state = checkpointer.restore(step_dir / "state",
+                                 args=ocp.args.PyTreeRestore(restore_args=restore_args))
+  except Exception as e:  # Whatever orbax raises on damaged or missing files.
+    raise CheckpointError(f"{step_dir} cannot be read, damaged or incomplete "
+                          f"({type(e).__name__}: {str(e)[:500]}). Read another step of its "
+                          "run.") from e
   key = "ema_params" if ema else "params"
   if not state.get(key):
     raise CheckpointError(f"{step_dir} holds no moving average of the parameters: its run "
                           "had no config.ema_decay.")
-  return flatten(state[key]), _read_meta(step_dir)
+  meta = _read_meta(step_dir)
+  stored = meta.get("checksums")  # Steps written before checksums have none to check.
+  if stored:
+    found = {f".{key}{path}": v for path, v in checksums(state[key]).items()}
+    bad = [path for path, v in found.items() if stored.get(path) != v]
+    if bad:
+      raise CheckpointError(
+          f"{step_dir} is damaged: {len(bad)} array(s) differ from the checksums saved with "
+          f"them ({', '.join(bad[:5])}). Read another step of its run.")
+  return flatten(state[key]), meta
 
 
 def step_description(meta: dict[str, Any], step: int) -> Description:
