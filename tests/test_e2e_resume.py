@@ -2,6 +2,7 @@
 run goes on from the newest step that verifies; changed configs are refused field by field,
 another model's workdir even with the opt-in; a finished run reports its result; kill -9 and
 damage at random moments lose nothing (SIGTERM and stalls: test_e2e_stop.py)."""
+import contextlib
 import gc
 import json
 import random
@@ -84,6 +85,24 @@ def test_a_damaged_step_is_set_aside_and_the_run_resumes_before_it(tmp_path, dat
   np.testing.assert_allclose([after[s] for s in after], [expected[s] for s in after], atol=1e-5)
 
 
+@contextlib.contextmanager
+def nothing_more_on_the_console(capfd, caplog, monkeypatch):
+  """Fails the test if, while the block runs and for a second after (the reads a failed restore
+  left in flight end, and failed ones are collected), anything is raised as unraisable, a
+  traceback reaches fd 2, or asyncio logs a record."""
+  unraisable = []  # Python's default hook prints them on stderr; pytest's turns them into warnings.
+  monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+  capfd.readouterr()
+  yield
+  time.sleep(1.0)
+  gc.collect()
+  assert not unraisable, [repr(u.exc_value) for u in unraisable[:5]]
+  err = capfd.readouterr().err
+  assert "Traceback" not in err, err[:3000]
+  noise = [r.getMessage()[:200] for r in caplog.records if r.name == "asyncio"]
+  assert not noise, noise
+
+
 @pytest.mark.parametrize("how", ["bitflip", "truncate", "delete"])
 def test_a_damaged_step_costs_one_warning_and_nothing_more_on_the_console(
     tmp_path, dataset, reference, how, capfd, caplog, monkeypatch):
@@ -95,17 +114,8 @@ def test_a_damaged_step_costs_one_warning_and_nothing_more_on_the_console(
   workdir = tmp_path / "run"
   shutil.copytree(ref_dir, workdir)
   damage(workdir / "checkpoints" / "24", how, random.Random(0))
-  unraisable = []  # Python's default hook prints them on stderr; pytest's turns them into warnings.
-  monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
-  capfd.readouterr()
-  loop.train_and_evaluate(tiny_config(dataset, total_steps=24), str(workdir))
-  time.sleep(1.0)  # The reads left in flight end, their callbacks run.
-  gc.collect()  # Failed reads are reported as they are collected.
-  assert not unraisable, [repr(u.exc_value) for u in unraisable[:5]]
-  err = capfd.readouterr().err
-  assert "Traceback" not in err, err[:3000]
-  noise = [r.getMessage()[:200] for r in caplog.records if r.name == "asyncio"]
-  assert not noise, noise
+  with nothing_more_on_the_console(capfd, caplog, monkeypatch):
+    loop.train_and_evaluate(tiny_config(dataset, total_steps=24), str(workdir))
   warned = [r.getMessage() for r in caplog.records if "cannot be used" in r.getMessage()]
   assert len(warned) == 1 and "Checkpoint step 24 in" in warned[0], warned
   assert steps_in(workdir) == [16, 20, 24]
@@ -138,20 +148,13 @@ def test_reading_a_damaged_steps_params_raises_one_error_and_nothing_more(
     rewrite_one_param(step_dir)
   else:
     damage(step_dir, how, random.Random(0))
-  unraisable = []
-  monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
-  capfd.readouterr()
-  with pytest.raises(errors.CheckpointError) as e:
-    run.read_params(step_dir)
+  with nothing_more_on_the_console(capfd, caplog, monkeypatch):
+    with pytest.raises(errors.CheckpointError) as e:
+      run.read_params(step_dir)
   assert str(step_dir) in str(e.value)
   if how == "rewritten":
     assert "1 array(s) differ from the checksums" in str(e.value), e.value
     assert ".params['head']['bias']" in str(e.value)
-  time.sleep(1.0)
-  gc.collect()
-  assert not unraisable, [repr(u.exc_value) for u in unraisable[:5]]
-  assert "Traceback" not in capfd.readouterr().err
-  assert not [r for r in caplog.records if r.name == "asyncio"]
 
 
 def test_a_changed_optimizer_or_batch_is_refused_naming_each_field(tmp_path, dataset, reference):

@@ -136,6 +136,11 @@ def restore_state(manager: ocp.CheckpointManager, step: int, state: Any, shardin
       state=ocp.args.StandardRestore(abstract)))["state"]
 
 
+def _differing(stored: dict[str, int], tree: Any, prefix: str = "") -> list[str]:
+  """The paths (`prefix` + each array's path in `tree`) whose checksum is not `stored`'s."""
+  return [prefix + k for k, v in checksums(tree).items() if stored.get(prefix + k) != v]
+
+
 def _verified(manager: ocp.CheckpointManager, step: int, state: Any,
               shardings: Any) -> tuple[Any, dict[str, Any]]:
   """Restores `step` and checks it against the checksums saved with it."""
@@ -144,7 +149,7 @@ def _verified(manager: ocp.CheckpointManager, step: int, state: Any,
   stored = meta.get("checksums")
   if stored is None:
     raise CheckpointError("its metadata holds no checksums")
-  bad = [k for k, v in checksums(restored).items() if stored.get(k) != v]
+  bad = _differing(stored, restored)
   if bad:
     raise CheckpointError(f"{len(bad)} array(s) differ from their checksums: {', '.join(bad[:5])}")
   return restored, meta
@@ -320,8 +325,7 @@ def read_params(step_dir: str | epath.Path, ema: bool = False
   meta = _read_meta(step_dir)
   stored = meta.get("checksums")  # Steps written before checksums have none to check.
   if stored:
-    found = {f".{key}{path}": v for path, v in checksums(state[key]).items()}
-    bad = [path for path, v in found.items() if stored.get(path) != v]
+    bad = _differing(stored, state[key], prefix=f".{key}")
     if bad:
       raise CheckpointError(
           f"{step_dir} is damaged: {len(bad)} array(s) differ from the checksums saved with "
