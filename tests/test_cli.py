@@ -38,10 +38,6 @@ getattr(importlib.import_module(module), function)()
 """
 
 
-# The commands that write TensorBoard's event files, and import Keras with clu's writer.
-WRITE_TENSORBOARD = ("vit-train", "vit-transfer")
-
-
 def console_scripts() -> dict[str, str]:
   """{command: module:function} from setup.py's entry points."""
   tree = ast.parse((REPO / "setup.py").read_text())
@@ -274,13 +270,13 @@ def test_every_command_answers_an_input_error_with_one_line_and_status_2(tmp_pat
   for case, r in zip(cases, results):
     lines = r.stderr.strip().splitlines()
     tf_loaded = "tensorflow loaded: True" in r.stdout
-    # Keras, which TensorFlow imports as it loads (~1 CPU-s), is left out where no TensorBoard
-    # writer (clu's imports Keras) is needed: logs.start_tensorflow.
+    # Keras, which TensorFlow and clu's TensorBoard writer import (~1 CPU-s), is left out by
+    # every command: logs.start_tensorflow.
     keras_loaded = "keras loaded: True" in r.stdout
     left = [p for p in case.not_written if pathlib.Path(p).exists()]
     if (r.returncode != 2 or len(lines) != 1 or not lines[0].startswith("error: ")
         or case.named not in lines[0] or (case.arguments_only and tf_loaded) or left
-        or (keras_loaded and case.command not in WRITE_TENSORBOARD)):
+        or keras_loaded):
       wrong.append(f"{case.command} ({case.what}): status {r.returncode}, TensorFlow loaded: "
                    f"{tf_loaded}, Keras loaded: {keras_loaded}, left behind: {left}, "
                    f"stderr:\n{r.stderr[-1500:]}")

@@ -197,14 +197,44 @@ def _keras_deferred() -> Iterator[None]:
       del sys.modules["keras"]
 
 
+_HPARAMS_API = "tensorboard.plugins.hparams.api"
+
+
+def _hparams_api_without_keras() -> None:
+  """clu's TensorBoard writer imports TensorBoard's hparams API for `write_hparams`, and that
+  module defines a Keras callback as it loads: Keras, with matplotlib and IPython, ~0.8 CPU-s
+  of each `vit-train` and `vit-transfer` start, for a class no command uses. The module is
+  registered as its summary_v2 module (where each of its functions is defined) with the Keras
+  callback imported when asked for; left as it is where it is already loaded."""
+  if _HPARAMS_API in sys.modules:
+    return
+  import types
+  from tensorboard.plugins import hparams
+  from tensorboard.plugins.hparams import summary_v2
+
+  def keras_callback(name: str):
+    if name != "KerasCallback":
+      raise AttributeError(f"module {_HPARAMS_API!r} has no attribute {name!r}")
+    from tensorboard.plugins.hparams import _keras
+    return _keras.Callback
+
+  api = types.ModuleType(_HPARAMS_API, "TensorBoard's hparams API (summary_v2's functions).")
+  names = ("Discrete", "Domain", "HParam", "IntInterval", "Metric", "RealInterval", "hparams",
+           "hparams_pb", "hparams_config", "hparams_config_pb")  # The API's, KerasCallback aside.
+  api.__dict__.update({k: getattr(summary_v2, k) for k in names}, __getattr__=keras_callback)
+  sys.modules[_HPARAMS_API] = hparams.api = api
+
+
 def start_tensorflow(datasets: bool = True) -> None:
   """Imports TensorFlow, and TFDS (the data pipeline's) unless not `datasets`, with
   TensorFlow's C++ start-up lines caught (native_logs), TFDS's progress bars as route_logs
-  set them: a command that reads data or images, or serves a model, calls this once its
-  arguments are checked (the library imports TensorFlow when first used)."""
+  set them, and no Keras (`_keras_deferred`, `_hparams_api_without_keras`): a command that
+  reads data or images, or serves a model, calls this once its arguments are checked (the
+  library imports TensorFlow when first used)."""
   with native_logs(), _keras_deferred():
     import tensorflow  # noqa: F401
     if datasets:
       import tensorflow_datasets as tfds
+  _hparams_api_without_keras()
   if datasets:
     tfds.display_progress_bar(_shown["verbose"])
