@@ -1,9 +1,13 @@
 """A run stopped before its end: SIGTERM saves a step and exits 128 + the signal, and the
-rerun resumes to the same losses; a step that never ends stops the run with status 1 and
+rerun resumes to the same losses (while it ran, a second `vit-train` on its workdir was refused,
+writing nothing); a step that never ends stops the run with status 1 and
 one message (the stall, the step, the last checkpoint, the command to resume), and SIGTERM or
 Ctrl-C during a stall ends it within 30 s (train/watchdog.py)."""
+import json
+import os
 import re
 import signal
+import socket
 import subprocess
 import time
 
@@ -24,11 +28,53 @@ class _Start(loop.Report):
     self.start_step = info.start_step
 
 
+def files(folder) -> list[str]:
+  return sorted(os.path.relpath(os.path.join(d, f), folder)
+                for d, _, names in os.walk(folder) for f in names)
+
+
+def _wait_until_stopped(pid: int) -> None:
+  """Until every thread of `pid` is stopped: SIGSTOP takes effect a moment after kill()
+  returns, and a save may be writing meanwhile."""
+  def states():
+    for task in os.listdir(f"/proc/{pid}/task"):
+      try:
+        yield open(f"/proc/{pid}/task/{task}/stat").read().rsplit(")", 1)[1].split()[0]
+      except FileNotFoundError:  # A thread that just ended.
+        pass
+  deadline = time.time() + 30
+  while any(state not in "TZX" for state in states()):
+    assert time.time() < deadline, f"process {pid} did not stop"
+    time.sleep(0.01)
+
+
+def a_second_run_is_refused(workdir, dataset, first: subprocess.Popen) -> None:
+  """A second `vit-train` on the workdir of `first`, a `vit-train` that trains (stopped
+  meanwhile: alive, holding the lock, its files as they are), exits 2 with one line naming the
+  first, and writes nothing; `first` goes on."""
+  first.send_signal(signal.SIGSTOP)
+  try:
+    _wait_until_stopped(first.pid)
+    before, lock = files(workdir), (workdir / "lock").read_text()
+    second = subprocess.run(cli(workdir, dataset), env=cpu_env(), cwd=REPO,
+                            capture_output=True, text=True, timeout=600)
+    assert second.returncode == 2, second.stderr[-3000:]
+    assert second.stderr.splitlines() == [
+        f"error: {workdir} is in use by PID {first.pid} on host {socket.gethostname()} (since "
+        f"{json.loads(lock)['since']}): wait for it, stop it, or remove {workdir}/lock if that "
+        "process is gone."], second.stderr[-3000:]
+    assert files(workdir) == before and (workdir / "lock").read_text() == lock
+    assert (workdir / "train.log").read_text().count("] Command: ") == 1  # The first's.
+  finally:
+    first.send_signal(signal.SIGCONT)
+
+
 # SIGKILL, which resumes from an earlier step and replays the steps after it, is
 # tests/test_e2e_resume.py's random-kills test.
 @pytest.mark.slow
 def test_a_sigterm_saves_and_the_rerun_resumes_to_the_same_losses(tmp_path, dataset, children):
-  """The stop is a `vit-train` process's (its signal, status and console line); the
+  """The stop is a `vit-train` process's (its signal, status and console line; before it, a
+  second `vit-train` on its workdir is refused: a_second_run_is_refused); the
   uninterrupted reference and the resume run in this process (a process of their own cost ~10
   CPU-s each), on 8 devices as the stopped run: XLA's CPU pool, sized by the process's device
   count, sets how its work is split and summed (one device of eight, config.cpu_devices=1, and
@@ -39,6 +85,7 @@ def test_a_sigterm_saves_and_the_rerun_resumes_to_the_same_losses(tmp_path, data
           *(f"--config.{k}={v}" for k, v in AUGREG.items())),
       env=cpu_env(8), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
   wait_for((workdir / "checkpoints" / "8").is_dir, proc, 300, "checkpoint 8")
+  a_second_run_is_refused(workdir, dataset, proc)
   proc.send_signal(signal.SIGTERM)
   _, stderr = finish(proc, 120)
   # Saved, then a non-zero status (128 + the signal's number), so a scheduler restarts it.
