@@ -39,17 +39,18 @@ def compile_json(topology: str, *overrides: str) -> dict:
 @pytest.fixture(scope="module")
 def data_parallel(tmp_path_factory) -> dict:
   """`--compile_only --json` of the MEDIUM config on v5litepod-4 (v5e:2x2's other name), data
-  parallel, run twice with a compilation cache: the second run's report. JAX's persistent
-  cache cannot load a program compiled for devices this machine lacks, and a rerun that read
-  the first run's entries warned once a program that it could not, then compiled anyway:
-  --compile_only leaves the cache alone, and each run's one line on stderr is its progress."""
-  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jit")))
-  for _ in range(2):
-    result = train_cli("--compile_only", "--topology", "v5litepod-4", "--json", *MEDIUM,
-                       env=env)
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 0 and len(lines) == 1, result.stderr
-    assert lines[0].startswith("compiled the config in "), result.stderr
+  parallel, with a compilation cache set: its report. JAX's persistent cache cannot load a
+  program compiled for devices this machine lacks, and a rerun that read the first run's
+  entries warned once a program that it could not, then compiled anyway: --compile_only
+  leaves the cache alone (it writes none, so a rerun reads none), and the run's one line on
+  stderr is its progress."""
+  cache = tmp_path_factory.mktemp("jit")
+  result = train_cli("--compile_only", "--topology", "v5litepod-4", "--json", *MEDIUM,
+                     env=dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(cache)))
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == 0 and len(lines) == 1, result.stderr
+  assert lines[0].startswith("compiled the config in "), result.stderr
+  assert not list(cache.iterdir())
   return json.loads(result.stdout)
 
 
@@ -72,15 +73,11 @@ def test_single_host_compile_reports_memory_flops_collectives_and_a_bound(data_p
 @needs_libtpu
 def test_multislice_splits_data_over_the_slices():
   """The run's multislice mesh: its data axis spans the slices (mesh.dcn_data, by default the
-  slices found; one that is not is refused), fsdp stays within each."""
+  slices found; one that is not is refused: test_sharding.py), fsdp stays within each."""
   r = compile_json("v5litepod-4", "--num_slices=2", *MEDIUM, "--config.mesh.fsdp=4",
                    "--config.mesh.dcn_data=2")
   assert (r["chips"], r["hosts"], r["num_slices"]) == (8, 2, 2)
   assert r["fits"] and r["mesh"] == {"data": 2, "fsdp": 4} and r["dcn_data"] == 2
-  refused = train_cli("--compile_only", "--topology", "v5litepod-4", "--num_slices=2",
-                      "--config.mesh.dcn_data=4")
-  assert refused.returncode == 2
-  assert "config.mesh: dcn_data=4 must be the 2 slices the devices span" in refused.stderr
 
 
 @needs_libtpu
