@@ -62,8 +62,12 @@ def test_finetuning_beats_scratch_and_fewshot_rises_with_shots(tmp_path, pretrai
   finetuned = loop.train_and_evaluate(finetune_config(data_dir, npz), str(tmp_path / "ft"))
   scratch = loop.train_and_evaluate(finetune_config(data_dir), str(tmp_path / "scratch"))
   assert finetuned["accuracy"] > scratch["accuracy"] + 0.02, (finetuned, scratch)
-  # Resolution 28 -> 42: the 4x4 position-embedding grid was resized to 6x6.
   assert sorted(read_scalars(tmp_path / "ft", "train_loss")) == [40, 80]
+  # Resolution 28 -> 42: the 4x4 position-embedding grid was resized to 6x6.
+  key = "Transformer/posembed_input/pos_embedding"
+  tuned, _ = run.read_params(run.latest_step_dir(tmp_path / "ft"))
+  assert flat[key].shape[1] - 16 == tuned[key].shape[1] - 36 >= 0, (flat[key].shape,
+                                                                    tuned[key].shape)
 
   out_dir = tmp_path / "sweep"
   step_dir = str(run.latest_step_dir(workdir))
