@@ -188,20 +188,6 @@ def test_rerunning_a_finished_run_reports_its_result(tmp_path, dataset, referenc
   assert f"accuracy={accuracy:.4f}" in final, (final, accuracy)
 
 
-def test_the_command_line_unit_replaces_the_config_files_other_unit(tmp_path, dataset):
-  """The quickstart config sets total_epochs; --config.total_steps replaces it. Run from
-  outside the clone: a shipped config is found by name from any working directory. Its
-  config.cpu_devices outranks the 4 devices of XLA_FLAGS. 512 images (6 epochs: 48 steps), not
-  the 60,000 a run decodes as it starts (~2.5 s)."""
-  result = run_cli(cli(tmp_path, dataset, "--config.total_steps=3", "--config.warmup_steps=1",
-                       "--config.data.train_split=train[:512]",
-                       "--config.data.eval_split=test[:64]", config="quickstart"), cwd=tmp_path,
-                   devices=4)
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert steps_in(tmp_path) == [3]
-  assert "1 devices (cpu)" in result.stderr
-
-
 def set_aside_steps(workdir) -> list[str]:
   """The names of the steps a run set aside (`STEP.corrupt`, `STEP.corruptN`)."""
   folder = workdir / "checkpoints"

@@ -54,27 +54,37 @@ runpy.run_module("vit_jax.tools.train", run_name="__main__", alter_sys=True)
 
 def test_cli_overrides_reach_the_run_and_its_tensorboard_record_with_no_keras_loaded(
     tmp_path, dataset):
-  """Model, data and evaluation fields overridden on the command line train; the run's config,
-  the overrides in it, is TensorBoard's hyperparameters (clu's writer, TensorBoard's hparams
-  API), written with no Keras imported: the API's Keras callback is left out
-  (logs.start_tensorflow), ~0.8 CPU-s of each start."""
+  """A shipped config (quickstart), found by name from outside the clone, with model, data and
+  evaluation fields overridden on the command line, trains: --config.total_steps replaces the
+  config's total_epochs, and its config.cpu_devices outranks the 4 devices of XLA_FLAGS. The
+  run's config, the overrides in it, is TensorBoard's hyperparameters (clu's writer,
+  TensorBoard's hparams API), written with no Keras imported: the API's Keras callback is left
+  out (logs.start_tensorflow), ~0.8 CPU-s of each start. 512 images, not the 60,000 a run
+  decodes as it starts (~2.5 s)."""
   import tensorflow as tf
   from tensorboard.plugins.hparams import plugin_data_pb2
-  args = cli(tmp_path, dataset, "--config.total_steps=2", "--config.model.num_layers=1",
-             "--config.model.classifier=gap", "--config.model.dropout=0.1",
+  args = cli(tmp_path, dataset, "--config.total_steps=2", "--config.warmup_steps=1",
+             "--config.model.num_layers=1", "--config.model.classifier=token",
+             "--config.model.dropout=0.1",
              "--config.model.remat=True", "--config.data.inception_area=(0.1, 1.0)",
-             "--config.evals.eval.every_steps=1", "--config.batch_size=16")
-  result = run_cli([args[0], "-c", KERAS_PROBE, *args[3:]])
+             "--config.evals.eval.every_steps=1", "--config.batch_size=16",
+             "--config.data.train_split=train[:512]", "--config.data.eval_split=test[:64]",
+             config="quickstart")
+  result = run_cli([args[0], "-c", KERAS_PROBE, *args[3:]], cwd=tmp_path, devices=4)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "Final evaluation: accuracy=" in result.stdout
   assert result.stdout.strip().splitlines()[-1] == "keras loaded: False", result.stdout
+  assert "1 devices (cpu)" in result.stderr
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["2"]
   [events] = tmp_path.glob("events.out.tfevents.*")
   [hparams] = [plugin_data_pb2.HParamsPluginData.FromString(v.metadata.plugin_data.content)
                for e in tf.compat.v1.train.summary_iterator(str(events))
                for v in e.summary.value if v.metadata.plugin_data.plugin_name == "hparams"]
   recorded = {k: v.string_value for k, v in hparams.session_start_info.hparams.items()}
-  assert recorded["batch_size"] == "16" and recorded["total_steps"] == "2", recorded
+  assert (recorded["total_steps"], recorded["total_epochs"]) == ("2", "None"), recorded
+  assert recorded["batch_size"] == "16" and recorded["model_name"] == "ViT-Ti_16", recorded
   assert "'num_layers': 1" in recorded["model"] and "'remat': True" in recorded["model"]
+  assert "'classifier': 'token'" in recorded["model"], recorded["model"]
   assert "'inception_area': (0.1, 1.0)" in recorded["data"], recorded["data"]
 
 
