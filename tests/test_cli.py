@@ -270,11 +270,12 @@ def in_a_process(cases: list[Case]) -> list[bool]:
   others load TensorFlow (~4.5 CPU-s a process) for an error in their data: their line and
   status are the question, read in this process. vit-train's all: its data is read after its
   flags, where _train_main stops."""
-  loading, first = [], set()
+  own, loaded_by = [], set()  # The commands whose first case that loads TensorFlow is seen.
   for c in cases:
-    loading.append(c.arguments_only or c.command == "vit-train" or c.command not in first)
-    first |= {c.command} - ({c.command} if c.arguments_only else set())
-  return loading
+    own.append(c.arguments_only or c.command == "vit-train" or c.command not in loaded_by)
+    if not c.arguments_only:
+      loaded_by.add(c.command)
+  return own
 
 
 @pytest.mark.slow

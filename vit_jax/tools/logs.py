@@ -203,9 +203,9 @@ _HPARAMS_API = "tensorboard.plugins.hparams.api"
 def _hparams_api_without_keras() -> None:
   """clu's TensorBoard writer imports TensorBoard's hparams API for `write_hparams`, and that
   module defines a Keras callback as it loads: Keras, with matplotlib and IPython, ~0.8 CPU-s
-  of each `vit-train` and `vit-transfer` start, for a class no command uses. The module is
-  registered as its summary_v2 module (where each of its functions is defined) with the Keras
-  callback imported when asked for; left as it is where it is already loaded."""
+  of each `vit-train` and `vit-transfer` start, for a class no command uses. Registered under
+  the API's name instead: a module of the functions and classes it takes from summary_v2, its
+  Keras callback imported when asked for; none where the API is loaded already."""
   if _HPARAMS_API in sys.modules:
     return
   import types
