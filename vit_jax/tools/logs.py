@@ -209,8 +209,14 @@ def _hparams_api_without_keras() -> None:
   if _HPARAMS_API in sys.modules:
     return
   import types
-  from tensorboard.plugins import hparams
-  from tensorboard.plugins.hparams import summary_v2
+  names = ("Discrete", "Domain", "HParam", "IntInterval", "Metric", "RealInterval", "hparams",
+           "hparams_pb", "hparams_config", "hparams_config_pb")  # The API's, KerasCallback aside.
+  try:
+    from tensorboard.plugins import hparams
+    from tensorboard.plugins.hparams import summary_v2
+    fields = {k: getattr(summary_v2, k) for k in names}
+  except (ImportError, AttributeError):  # Another TensorBoard's layout: its own API, Keras too.
+    return
 
   def keras_callback(name: str):
     if name != "KerasCallback":
@@ -219,9 +225,7 @@ def _hparams_api_without_keras() -> None:
     return _keras.Callback
 
   api = types.ModuleType(_HPARAMS_API, "TensorBoard's hparams API (summary_v2's functions).")
-  names = ("Discrete", "Domain", "HParam", "IntInterval", "Metric", "RealInterval", "hparams",
-           "hparams_pb", "hparams_config", "hparams_config_pb")  # The API's, KerasCallback aside.
-  api.__dict__.update({k: getattr(summary_v2, k) for k in names}, __getattr__=keras_callback)
+  api.__dict__.update(fields, __getattr__=keras_callback)
   sys.modules[_HPARAMS_API] = hparams.api = api
 
 
