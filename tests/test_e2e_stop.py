@@ -96,6 +96,7 @@ def test_a_sigterm_saves_and_the_rerun_resumes_to_the_same_losses(tmp_path, data
   step = int(re.fullmatch(rf"stopped by SIGTERM after saving step (\d+) to {workdir}; rerun "
                           "the same command to resume", last[0])[1])
   assert stderr.strip().splitlines()[-1] == last[0], stderr[-3000:]
+  assert not (workdir / "lock").exists()  # Released as it stopped.
 
   config = tiny_config(dataset, total_steps=24, **AUGREG)
   loop.train_and_evaluate(config, str(tmp_path / "full"))

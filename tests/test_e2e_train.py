@@ -88,6 +88,7 @@ def test_cli_overrides_reach_the_run_and_its_tensorboard_record_with_no_keras_lo
   assert "'inception_area': (0.1, 1.0)" in recorded["data"], recorded["data"]
 
 
+@pytest.mark.slow
 def test_an_extra_evaluation_runs_beside_the_runs_own(tmp_path, dataset):
   from vit_jax.train import loop
   c = tiny_config(dataset, total_steps=2, cpu_devices=1)
