@@ -30,6 +30,18 @@ DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 # ships it (`sklearn.datasets.load_digits`): a row per image, 64 pixels in 0-16, then the label.
 DIGITS_CSV = REPO / "tests" / "data" / "digits.csv.gz"
 TINY_CONFIG = str(REPO / "tests" / "tiny_config.py")
+
+# Runs a console script's entry point as the script does (`python -c PROBE MODULE:FUNCTION
+# COMMAND ARGS...`), then says on stdout whether TensorFlow and Keras were imported.
+PROBE = """
+import atexit, importlib, sys
+atexit.register(lambda: print("tensorflow loaded:", "tensorflow" in sys.modules,
+                              "keras loaded:", "keras" in sys.modules, flush=True))
+module, function = sys.argv[1].split(":")
+sys.argv = [sys.argv[2], *sys.argv[3:]]
+getattr(importlib.import_module(module), function)()
+"""
+
 # A 128M-class head of width 1024 on tiny_config: 137.6 G parameters, refused by their count for
 # any slice the tests name (512 GiB, more than a tpu7x-8 or a v5litepod-4 holds), before a
 # compile: the launchers' preflight refusals.

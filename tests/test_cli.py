@@ -21,22 +21,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from helpers import REPO, cpu_env, tiny_serving_checkpoint
+from helpers import PROBE, REPO, cpu_env, tiny_serving_checkpoint
 from vit_jax.data import fashion_mnist
 
 MISSING = "/nonexistent/checkpoint.npz"
-
-# Runs a console script's entry point as the script does, then says on stdout whether
-# TensorFlow was imported.
-PROBE = """
-import atexit, importlib, sys
-atexit.register(lambda: print("tensorflow loaded:", "tensorflow" in sys.modules,
-                              "keras loaded:", "keras" in sys.modules, flush=True))
-module, function = sys.argv[1].split(":")
-sys.argv = [sys.argv[2], *sys.argv[3:]]
-getattr(importlib.import_module(module), function)()
-"""
-
 
 def console_scripts() -> dict[str, str]:
   """{command: module:function} from setup.py's entry points."""
