@@ -119,7 +119,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> Iterator[None]:
   (own_after, children_after), wall = _cpu_seconds(), time.time() - start
   with open(out, "a") as f:  # One short line an append: the workers' lines stay whole.
     f.write(json.dumps({"id": item.nodeid, "self": own_after - own,
-                        "children": children_after - children, "wall": wall}) + "\n")
+                        "children": children_after - children, "wall": wall, "start": start,
+                        "worker": os.environ.get("PYTEST_XDIST_WORKER", "master")}) + "\n")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
