@@ -3,6 +3,7 @@
 TensorFlow, torch and the notebook client are imported where used: importing TensorFlow before
 torch (timm's cross-checks) crashes the process, so this module stays light.
 """
+import contextlib
 import glob
 import json
 import os
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 import pytest
@@ -225,17 +226,35 @@ def scripted_gcloud(root: pathlib.Path) -> tuple[dict[str, str], pathlib.Path]:
   return env, folder
 
 
-def run_notebook(path, monkeypatch, **params: str):
-  """Executes a notebook top to bottom with VIT_* parameters in its environment."""
+@contextlib.contextmanager
+def notebook_kernel(**env: str) -> Iterator[Callable[..., Any]]:
+  """One Jupyter kernel for several top-to-bottom runs of notebooks: `run(path, **params)`
+  empties the kernel's namespace (IPython's %reset), makes the parameters its only VIT_*
+  environment variables and executes every cell, returning the notebook with its outputs (a
+  cell's error raises nbclient's CellExecutionError). A run finds nothing of the one before
+  but the modules it imported, whose imports are most of a kernel's seconds. `env` joins the
+  kernel's environment from its start (read by libraries as they are imported: HF_HUB_CACHE)."""
   import nbformat
+  from jupyter_client.manager import KernelManager
   from nbclient import NotebookClient
-  for name, value in params.items():
-    monkeypatch.setenv(name, value)
-  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-  nb = nbformat.read(path, as_version=4)
-  NotebookClient(nb, timeout=600, kernel_name="python3",
-                 resources={"metadata": {"path": str(REPO)}}).execute()
-  return nb
+  manager = KernelManager(kernel_name="python3")
+  manager.start_kernel(cwd=str(REPO), env=dict(os.environ, JAX_PLATFORMS="cpu", **env))
+
+  def run(path, **params: str):
+    nb = nbformat.read(path, as_version=4)
+    fresh = ("%reset -f\nimport os\n[os.environ.pop(k) for k in list(os.environ) if "
+             f"k.startswith('VIT_')]\nos.environ.update({params!r})\ndel os")
+    nb.cells.insert(0, nbformat.v4.new_code_cell(fresh))
+    try:
+      NotebookClient(nb, km=manager, timeout=600, kernel_name="python3").execute()
+    finally:
+      del nb.cells[0]
+    return nb
+
+  try:
+    yield run
+  finally:
+    manager.shutdown_kernel(now=True)
 
 
 def random_params(model, size: int, seed: int = 0):

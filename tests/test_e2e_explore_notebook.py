@@ -1,7 +1,8 @@
 """notebooks/explore_checkpoint.ipynb run top to bottom on a checkpoint made here, on a tiny
 DINOv2 with registers and a tiny CLIP tower from an offline Hub cache (random weights), with real
 images (the handwritten digits of tests/data), and the position-embedding similarity it draws
-of that checkpoint."""
+of that checkpoint. The runs share one kernel, its namespace emptied before each
+(helpers.notebook_kernel); the .npz's runs first, in the new kernel, as a user's would."""
 import json
 import os
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 from nbclient.exceptions import CellExecutionError
 
-from helpers import REPO, run_notebook
+from helpers import REPO, notebook_kernel
 from helpers import TINY_CONFIG_VIT as TINY
 from helpers import tiny_params, write_repo
 from vit_jax import explore, figures, models
@@ -33,29 +34,38 @@ def tiny_npz(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+  """The kernel's Hub cache (offline), where the tests write the repos they explore."""
+  return tmp_path_factory.mktemp("hub")
+
+
+@pytest.fixture(scope="module")
+def kernel(hub):
+  with notebook_kernel(HF_HUB_CACHE=str(hub), HF_HUB_OFFLINE="1") as run:
+    yield run
+
+
+@pytest.fixture(scope="module")
 def real_images(digits_folder) -> dict[str, str]:
   """Notebook parameters naming real images: the digits of tests/data, as an image folder."""
   return {"VIT_IMAGES": digits_folder}
 
 
-def checkpoint_params(kind: str, tiny_npz, request, tmp_path) -> dict[str, str]:
+def checkpoint_params(kind: str, tiny_npz, hub, tmp_path) -> dict[str, str]:
   """The notebook's CHECKPOINT and MODEL parameters for `kind` (SUMMARIES)."""
   if kind == "npz":
     return dict(VIT_CHECKPOINT=str(tiny_npz), VIT_MODEL="ViT-Ti_16",
                 VIT_MODEL_OVERRIDES=json.dumps(TINY))
   import test_layouts_dinov2_clip
   _, folder, _ = test_layouts_dinov2_clip.timm_repo(tmp_path, kind)
-  write_repo(request.getfixturevalue("hub_cache"), f"timm/{kind}",
-             {f: folder / f for f in os.listdir(folder)})
+  write_repo(hub, f"timm/{kind}", {f: folder / f for f in os.listdir(folder)})
   return dict(VIT_CHECKPOINT=f"hf-hub:timm/{kind}", VIT_MODEL="")
 
 
 @pytest.mark.parametrize("kind", list(SUMMARIES))
-def test_explore_notebook_runs_top_to_bottom(kind, tiny_npz, real_images, request, tmp_path,
-                                             monkeypatch):
-  nb = run_notebook(NOTEBOOK, monkeypatch, VIT_NUM_IMAGES="3", VIT_SPLIT="test",
-                    VIT_DOWNLOAD="0", **checkpoint_params(kind, tiny_npz, request, tmp_path),
-                    **real_images)
+def test_explore_notebook_runs_top_to_bottom(kind, kernel, tiny_npz, real_images, hub, tmp_path):
+  nb = kernel(NOTEBOOK, VIT_NUM_IMAGES="3", VIT_SPLIT="test", VIT_DOWNLOAD="0",
+              **checkpoint_params(kind, tiny_npz, hub, tmp_path), **real_images)
   outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
   assert not [o for o in outputs if o.output_type == "error"]
   text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
@@ -81,9 +91,9 @@ def test_position_cell_of_a_model_without_a_position_embedding(capsys):
                                      "rope='dinov3').\n")
 
 
-def test_explore_notebook_names_the_known_models(tiny_npz, monkeypatch):
+def test_explore_notebook_names_the_known_models(kernel, tiny_npz):
   with pytest.raises(CellExecutionError, match="Known models: ViT-Ti_16, ViT-S_16"):
-    run_notebook(NOTEBOOK, monkeypatch, VIT_CHECKPOINT=str(tiny_npz), VIT_MODEL="ViT-Q_16")
+    kernel(NOTEBOOK, VIT_CHECKPOINT=str(tiny_npz), VIT_MODEL="ViT-Q_16")
 
 
 def test_posemb_similarity_of_a_checkpoint(tiny_npz):

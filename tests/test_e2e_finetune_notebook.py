@@ -1,13 +1,14 @@
 """notebooks/finetune_fewshot.ipynb run top to bottom on a tiny ViT pre-trained here: few-shot
 sweep, a short fine-tuning run, export, the two compared (committed without outputs:
-test_notebooks.py); the representation it probes is the one asked for."""
+test_notebooks.py); the representation it probes is the one asked for. Both runs share one
+kernel, its namespace emptied before each (helpers.notebook_kernel)."""
 import json
 import math
 
 import pytest
 from nbclient.exceptions import CellExecutionError
 
-from helpers import REPO, run_notebook, tiny_config
+from helpers import REPO, notebook_kernel, tiny_config
 from vit_jax.checkpoint import loader, npz as npz_lib
 from vit_jax.train import loop
 
@@ -42,11 +43,16 @@ def pretrained_npz(dataset, tmp_path_factory):
   return npz
 
 
+@pytest.fixture(scope="module")
+def kernel():
+  with notebook_kernel() as run:
+    yield run
+
+
 @pytest.mark.slow
-def test_finetune_notebook_runs_top_to_bottom(dataset, pretrained_npz, tmp_path,
-                                              monkeypatch):
+def test_finetune_notebook_runs_top_to_bottom(kernel, dataset, pretrained_npz, tmp_path):
   out_dir, workdir = tmp_path / "out", tmp_path / "ft"
-  nb = run_notebook(NOTEBOOK, monkeypatch, **small_run(
+  nb = kernel(NOTEBOOK, **small_run(
       dataset, pretrained_npz, VIT_SHOTS="1,5,10", VIT_SEEDS="3",
       VIT_REPRESENTATION="patch_mean",  # The mean-pooled model's pre-logits.
       VIT_STEPS="20", VIT_WORKDIR=str(workdir), VIT_OUT_DIR=str(out_dir)))
@@ -81,11 +87,11 @@ def test_finetune_notebook_runs_top_to_bottom(dataset, pretrained_npz, tmp_path,
 
 
 @pytest.mark.slow
-def test_finetune_notebook_probes_the_representation_asked_for(dataset, pretrained_npz,
-                                                               tmp_path, monkeypatch):
+def test_finetune_notebook_probes_the_representation_asked_for(kernel, dataset, pretrained_npz,
+                                                               tmp_path):
   """The mean-pooled checkpoint has no class token: the probe refuses before reading data."""
   with pytest.raises(CellExecutionError, match="representation 'class_token': the model has no "
                                                "class token"):
-    run_notebook(NOTEBOOK, monkeypatch, **small_run(
+    kernel(NOTEBOOK, **small_run(
         dataset, pretrained_npz, VIT_REPRESENTATION="class_token", VIT_SHOTS="1", VIT_SEEDS="1",
         VIT_STEPS="2", VIT_WORKDIR=str(tmp_path)))
