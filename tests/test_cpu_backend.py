@@ -51,6 +51,16 @@ def test_prepare_sizes_the_pool_and_keeps_a_larger_one(monkeypatch):
   assert os.environ["NPROC"] == "32"
 
 
+def test_prepare_leaves_a_started_jax_as_it_is(monkeypatch):
+  """A command's main called where JAX runs already (a notebook, vit-transfer's tests) with
+  --cpu_devices: JAX's devices stay (a run takes its first so many: run_setup), no error."""
+  import jax
+  monkeypatch.setenv("XLA_FLAGS", os.environ["XLA_FLAGS"])
+  started = jax.devices()
+  assert cpu_backend.prepare(1) == 1
+  assert jax.devices() == started and len(started) == 8
+
+
 def test_a_pool_too_small_is_refused_with_the_fix(monkeypatch):
   monkeypatch.setenv("NPROC", "2")
   with pytest.raises(RuntimeError, match=r"2 threads.*NPROC=4.*prepare\(2\)"):

@@ -29,7 +29,8 @@ def test_a_launched_sweep_goes_past_a_failure_then_a_rerun_chooses_the_rate_and_
   final run, killed before its row was written, from its complete workdir."""
   _, data_dir = dataset
   flags = [tiny_npz, "--suite", "vtab1k/dtd,fashion_mnist", "--out_dir", str(tmp_path),
-           "--image_size=28", "--batch_size=32", "--steps=30", "--data_dir", data_dir]
+           "--image_size=28", "--batch_size=32", "--steps=30", "--data_dir", data_dir,
+           "--cpu_devices=1"]  # The reruns here too: one of this process's 8 devices.
   monkeypatch.setenv("XLA_FLAGS", xla_flags(1))  # The jobs'.
   flags[2] += "," + digits_folder
   assert transfer.main([*flags, "--lr_grid=0.1", "--launch", "hosts", "--",
@@ -77,7 +78,7 @@ def test_sigterm_stops_a_sweep_after_saving_and_the_rerun_completes_it(
   _, data_dir = dataset
   flags = [tiny_npz, "--suite", f"fashion_mnist,{digits_folder}", "--out_dir", str(tmp_path),
            "--image_size=28", "--batch_size=16", "--steps=150", "--lr_grid=0.1",
-           "--data_dir", data_dir]
+           "--data_dir", data_dir, "--cpu_devices=1"]  # The rerun too, in this process.
   proc = children(subprocess.Popen([sys.executable, "-m", "vit_jax.tools.transfer", *flags],
                                    env=cpu_env(), cwd=REPO, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True))

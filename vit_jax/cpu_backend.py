@@ -48,7 +48,8 @@ def prepare(num_devices: int | None = None) -> int:
   """Sets up the CPU backend before JAX starts it; returns its device count.
 
   `num_devices` (None: what XLA_FLAGS asks for) devices, a client pool that cannot deadlock
-  (NPROC raised to 2 per device), and collectives that wait for slow peers.
+  (NPROC raised to 2 per device), and collectives that wait for slow peers. Where JAX has
+  started already, its devices stay as they are.
   """
   flags = os.environ.get("XLA_FLAGS", "")
   if COLLECTIVE_TIMEOUT_FLAG not in flags:
@@ -58,7 +59,10 @@ def prepare(num_devices: int | None = None) -> int:
     os.environ["NPROC"] = str(safe_pool_threads(n))
   if num_devices:
     import jax  # Not at the top: XLA_FLAGS must be final before jax is first imported.
-    jax.config.update("jax_num_cpu_devices", num_devices)
+    try:
+      jax.config.update("jax_num_cpu_devices", num_devices)
+    except RuntimeError:
+      pass  # JAX has started (a notebook's, a test's): a run takes its first devices (run_setup).
   return n
 
 
