@@ -76,14 +76,15 @@ def test_a_sigterm_saves_and_the_rerun_resumes_to_the_same_losses(tmp_path, data
   """The stop is a `vit-train` process's (its signal, status and console line; before it, a
   second `vit-train` on its workdir is refused: a_second_run_is_refused); the
   uninterrupted reference and the resume run in this process (a process of their own cost ~10
-  CPU-s each), on 8 devices as the stopped run: XLA's CPU pool, sized by the process's device
-  count, sets how its work is split and summed (one device of eight, config.cpu_devices=1, and
-  one device alone differ in the last bit; with NPROC=16 the one device agrees)."""
+  CPU-s each), all on one device: XLA's CPU pool, sized by the process's device count, sets how
+  its work is split and summed (one device of this process's eight, config.cpu_devices=1, and
+  one device alone differ in the last bit; with the pool of eight, NPROC=16, they agree)."""
   workdir = tmp_path / "killed"
   proc = children(subprocess.Popen(
       cli(workdir, dataset, "--config.total_steps=24",
           *(f"--config.{k}={v}" for k, v in AUGREG.items())),
-      env=cpu_env(8), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+      env=cpu_env(1) | {"NPROC": "16"}, cwd=REPO, stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE, text=True))
   wait_for((workdir / "checkpoints" / "8").is_dir, proc, 300, "checkpoint 8")
   a_second_run_is_refused(workdir, dataset, proc)
   proc.send_signal(signal.SIGTERM)
@@ -98,7 +99,7 @@ def test_a_sigterm_saves_and_the_rerun_resumes_to_the_same_losses(tmp_path, data
   assert stderr.strip().splitlines()[-1] == last[0], stderr[-3000:]
   assert not (workdir / "lock").exists()  # Released as it stopped.
 
-  config = tiny_config(dataset, total_steps=24, **AUGREG)
+  config = tiny_config(dataset, total_steps=24, cpu_devices=1, **AUGREG)
   loop.train_and_evaluate(config, str(tmp_path / "full"))
   expected = read_scalars(tmp_path / "full", "train_loss")
   resumed = _Start()
