@@ -65,8 +65,9 @@ def test_fine_tuning_a_family_from_the_hub(family, tmp_path, hub_cache, dataset)
   # One of the session's 8 devices: the family's loading and training are the question here
   # (sharded fine-tuning from the Hub: test_e2e_pretrained); 17% less CPU.
   c = tiny_config(dataset, total_steps=3, checkpoint_every_steps=3, pretrained=spec,
-                  cpu_devices=1,
-                  ema_decay=0.5, **{"data.image_size": size}, **tuning)
+                  cpu_devices=1, ema_decay=0.5, **tuning,
+                  **{"data.image_size": size,  # What 3 steps of 32 read, and one eval batch.
+                     "data.train_split": "train[:96]", "data.eval_split": "test[:32]"})
   c.model.update({f: None for f in TINY_CONFIG_VIT})  # The repo's architecture, unflagged.
   metrics = loop.train_and_evaluate(c, str(tmp_path / "ft"))
   assert np.isfinite(metrics["loss"])
