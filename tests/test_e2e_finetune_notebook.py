@@ -36,7 +36,7 @@ def pretrained_npz(dataset, tmp_path_factory):
   workdir = tmp_path_factory.mktemp("pretrain")
   c = tiny_config(dataset, total_steps=150, checkpoint_every_steps=150, log_every_steps=50,
                   cpu_devices=1, **{f"model.{k}": v for k, v in TINY.items()},
-                  **{"model.classifier": "gap"})
+                  **{"model.classifier": "gap", "data.train_split": "train[:4800]"})
   loop.train_and_evaluate(c, str(workdir))
   npz = str(workdir / "pretrained.npz")
   loader.export_npz(str(workdir), npz)

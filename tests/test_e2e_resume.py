@@ -160,7 +160,7 @@ def test_a_changed_optimizer_or_batch_is_refused_naming_each_field(tmp_path, dat
   changed.allow_resume_changes = True
   changed.optimizer.name = "adamw"  # The same state; another learning rate, batch and length.
   metrics = loop.train_and_evaluate(changed, str(workdir))
-  assert metrics["num_examples"] == 256
+  assert metrics["num_examples"] == 64
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["20", "24", "28"]
 
 

@@ -15,7 +15,7 @@ from vit_jax.train import loop
 @pytest.mark.slow
 def test_loss_goes_down_and_eval_counts_every_example(tmp_path, dataset):
   c = tiny_config(dataset, total_steps=150, checkpoint_every_steps=150,
-                  **{"data.eval_split": "test[:1000]"})
+                  **{"data.train_split": "train[:4800]", "data.eval_split": "test[:1000]"})
   c.evals.fewshot = dict(type="fewshot", datasets=(dataset[0],), data_dir=dataset[1],
                          train_split="train[:1000]", test_split="test[:500]", shots=(1, 10),
                          seeds=2)
@@ -85,9 +85,9 @@ def test_cli_overrides_reach_the_run_and_its_tensorboard_record_with_no_keras_lo
 def test_an_extra_evaluation_runs_beside_the_runs_own(tmp_path, dataset):
   from vit_jax.train import loop
   c = tiny_config(dataset, total_steps=2, cpu_devices=1)
-  c.evals.again = registry.entry_config("classification", dataset=dataset[0], split="test[:256]")
+  c.evals.again = registry.entry_config("classification", dataset=dataset[0], split="test[:64]")
   metrics = loop.train_and_evaluate(c, str(tmp_path))
-  assert metrics["again_num_examples"] == metrics["num_examples"] == 256
+  assert metrics["again_num_examples"] == metrics["num_examples"] == 64
   assert metrics["again_accuracy"] == metrics["accuracy"]
   assert metrics["again_loss"] == pytest.approx(metrics["loss"], rel=1e-6)
 
