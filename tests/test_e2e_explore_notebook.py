@@ -2,7 +2,7 @@
 DINOv2 with registers and a tiny CLIP tower from an offline Hub cache (random weights), with real
 images (the handwritten digits of tests/data), and the position-embedding similarity it draws
 of that checkpoint. The runs share one kernel, its namespace emptied before each
-(helpers.notebook_kernel); the .npz's runs first, in the new kernel, as a user's would."""
+(helpers.notebook_kernel); the .npz's run first, in the new kernel, as a user's would be."""
 import json
 import os
 
