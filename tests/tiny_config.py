@@ -11,7 +11,7 @@ def get_config(arg=None):
   c.data.train_crop = "resize"  # Augmentation only slows a run this short.
   c.data.flip = False
   # What the 12 steps of 32 read, and two evaluation batches: a run decodes its split into
-  # memory as it starts, and a tiny run took 0.6 CPU-s more with 4,800 and 256 (of its ~4).
+  # memory as it starts, and a tiny run took ~0.5 CPU-s more with 4,800 and 256 (of its ~4).
   # Longer runs go round it again, epoch by epoch; the runs that show learning take more.
   c.data.train_split = "train[:384]"
   c.data.eval_split = "test[:64]"
