@@ -759,8 +759,10 @@ except workdir_lock.WorkdirInUse as e:
 first = not goodput.read(workdir)["attempts"]
 with lock, goodput.AttemptLog(workdir, 0 if first else 1, 12, min_interval_s=0) as log:
   for step in range(1 if first else 2, 13):
-    print(f"step {step}/12", flush=True)
+    # Recorded before it is printed: the fake gcloud plays its event once the step is printed,
+    # and a kill between the two left the record at step 0 for the launcher's "at about step".
     log.step(step, saved=True)
+    print(f"step {step}/12", flush=True)
     if first:
       time.sleep(120)
 """
