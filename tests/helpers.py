@@ -55,7 +55,10 @@ TINY_VIT = dict(patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layer
 # of the CPU of test_e2e_train, test_npz, test_models and test_vit), fusions by the elemental
 # IR emitters instead of the MLIR fusion emitters (half the compile time of each program, most
 # of them one eager op), and no splitting of a module for codegen threads. The whole suite:
-# 1,568 passed in 1,275 s instead of ~1,510 s on two AVX2 cores.
+# 1,568 passed in 1,275 s instead of ~1,510 s on two AVX2 cores. LLVM's level 1 runs a tiny
+# ViT's train step 1.7x as fast but compiles slower: test_e2e_finetune 86 -> 76 CPU-s, but
+# test_vit, test_models and test_serving 116 -> 157; and the commands' processes alone at
+# level 1 would round otherwise than the in-process runs they are compared with.
 TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false "
                   "--xla_cpu_parallel_codegen_split_count=1")
 # Every optional field of a ViT on at once (the Hub families' forms together).
