@@ -13,7 +13,7 @@ import shutil
 import numpy as np
 import pytest
 
-from helpers import TINY_SERVING_MODELS, TOLERANCE, jax_logits, tiny_serving_checkpoint
+from helpers import REPO, TINY_SERVING_MODELS, TOLERANCE, jax_logits, tiny_serving_checkpoint
 from vit_jax.checkpoint import description, loader, npz as npz_lib
 from vit_jax.serving import convert, formats, images, onnx, predictors, savedmodel, tflite
 
@@ -215,6 +215,69 @@ def test_inspect_opens_each_format_and_refuses_a_truncated_one(export_kind, tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {damaged}: the exported {fmt} model "
                                                "cannot be opened"), (fmt, err)
+
+
+def _export_extra() -> list[str]:
+  """The import names of setup.py's export extra (`EXPORT`), its version bounds left out."""
+  listed = re.search(r"^EXPORT = \[(.*?)\]", (REPO / "setup.py").read_text(), re.M | re.S)[1]
+  return [re.split(r"[<>=!~ ]", r)[0].replace("-", "_") for r in re.findall(r'"([^"]+)"', listed)]
+
+
+def test_a_format_whose_packages_are_not_installed_is_refused_in_one_line(
+    export_kind, tmp_path, monkeypatch, capsys):
+  """The export extra left out (each of its packages made absent: `sys.modules[name] = None`,
+  Python's own "no module" for import and find_spec): vit-export refuses TFLite and ONNX before
+  converting, writing nothing (it wrote half a .tflite and a traceback before), vit-predict and
+  vit-inspect refuse to open such a model (it was "truncated or damaged"), each in one `error:`
+  line naming the packages and the extra, status 2. The SavedModel needs none of them: its
+  model opens as before. Every package of the extra is some format's, and no format needs one
+  outside it, so the line's `pip install` is the fix."""
+  import sys
+  from PIL import Image
+  from vit_jax.tools import export, inspect_checkpoint, predict
+  extra = _export_extra()
+  needed = {fmt: formats.module(fmt).REQUIRES for fmt in formats.FORMATS}
+  assert set().union(*needed.values()) == set(extra), (needed, extra)
+  _, loaded, paths, batch = export_kind("plain")
+  npz = tiny_serving_checkpoint(tmp_path / "model.npz", "plain")
+  image = tmp_path / "image.png"
+  Image.fromarray(batch[0]).save(image)
+  for name in extra:
+    monkeypatch.setitem(sys.modules, name, None)
+  for fmt in sorted(formats.FORMATS):
+    if not needed[fmt]:
+      assert formats.not_installed(fmt) == [] and inspect_checkpoint.main([paths[fmt]]) == 0
+      capsys.readouterr()
+      continue
+    out = tmp_path / f"out.{fmt}"
+    line = (f"the {fmt} format needs {', '.join(needed[fmt])}, not installed here: pip "
+            "install 'vit_jax[export]'")
+    for command, argv, subject in (
+        (export, [npz, str(out), "--format", fmt], f"--format {fmt}"),
+        (predict, [paths[fmt], str(image)], paths[fmt]),
+        (inspect_checkpoint, [paths[fmt]], paths[fmt])):
+      assert command.main(argv) == 2, (fmt, command.__name__)
+      captured = capsys.readouterr()
+      assert captured.err == f"error: {subject}: {line}\n", (fmt, command.__name__, captured)
+      assert not out.exists() and not captured.out, (fmt, command.__name__)
+
+
+def test_an_export_that_fails_half_way_leaves_nothing_at_out(tmp_path, monkeypatch):
+  """A conversion that raises after writing part of OUT (a converter's fault, Ctrl-C): OUT is
+  removed, as a model its runtime disagrees with is; a SavedModel's folder that was there
+  before is kept, empty, as vit-export found it."""
+  npz = tiny_serving_checkpoint(tmp_path / "model.npz", "plain")
+  (tmp_path / "saved").mkdir()
+  for fmt, out in (("tflite", tmp_path / "half.tflite"), ("savedmodel", tmp_path / "saved")):
+    def half(loaded, out, scratch, **kwargs):
+      target = os.path.join(out, "saved_model.pb") if os.path.isdir(out) else out
+      with open(target, "wb") as f:
+        f.write(b"half")
+      raise KeyboardInterrupt
+    monkeypatch.setattr(formats.module(fmt), "write", half)
+    with pytest.raises(KeyboardInterrupt):
+      convert.export(npz, str(out), fmt)
+    assert (not out.exists()) if fmt == "tflite" else (list(out.iterdir()) == []), fmt
 
 
 def test_every_format_of_the_table_keeps_the_contract_and_every_command_offers_it():

@@ -34,6 +34,7 @@ class Exported(NamedTuple):
 def write(loaded: loader.Loaded, out: str, fmt: str, **kwargs) -> str:
   """Writes `loaded` as `fmt` to `out` (a folder for a SavedModel, else a file); `kwargs`
   go to savedmodel.serving_module (platforms). Returns `out`."""
+  formats.require(fmt, out)
   module = formats.module(fmt)
   with tempfile.TemporaryDirectory(prefix="vit_jax_export_") as scratch:
     module.write(loaded, out, scratch, **kwargs)
@@ -90,7 +91,11 @@ def export(path: str, out: str, fmt: str, model_name: str | None = None,
   loaded = loader.load(path, model_name, image_size=image_size, base=base)
   loaded.description = loaded.description.replace(exported_from=loaded.source)
   existed = os.path.isdir(out)
-  write(loaded, out, fmt)
+  try:
+    write(loaded, out, fmt)
+  except BaseException:  # A conversion that fails half-way leaves no half-written model.
+    _discard(out, existed)
+    raise
   try:
     return Exported(loaded, check(loaded, out))
   except Mismatch as e:

@@ -9,12 +9,17 @@ and its runtime, with this contract:
                                             go to savedmodel.serving_module (platforms)
   read_description(path) -> str | None      the description's JSON, None if it has none
   predictor(path, num_threads) -> Predictor its runtime, behind the Predictor interface
+  REQUIRES: tuple[str, ...]                 the packages (import names) its writer, reader
+                                            and runtime need beyond vit_jax's own: the export
+                                            extra's
 FORMATS names them: `vit-export --format`, `convert.write`, `predictors.open_model` and
 `describe` read it, so that a new format is its module and a row here. The modules load
-their runtimes (TensorFlow, onnxruntime) only when used.
+their runtimes (TensorFlow, onnxruntime) only when used; `require` checks that they are
+installed before a format is written or opened.
 """
 import dataclasses
 import importlib
+import importlib.util
 from collections.abc import Callable
 from types import ModuleType
 
@@ -37,6 +42,25 @@ def module(fmt: str) -> ModuleType:
   return importlib.import_module(FORMATS[fmt])
 
 
+class NotInstalled(ValueError):
+  """A serving format whose packages (its module's REQUIRES) are not installed."""
+
+
+def not_installed(fmt: str) -> list[str]:
+  """The packages of `fmt`'s REQUIRES that this Python cannot import."""
+  return [name for name in module(fmt).REQUIRES if importlib.util.find_spec(name) is None]
+
+
+def require(fmt: str, subject: str) -> None:
+  """Raises NotInstalled, naming the packages, where `fmt` needs some that are not installed:
+  said before a conversion or an opening starts, not as an ImportError half-way through it
+  (with a file half-written, or read as a damaged model)."""
+  absent = not_installed(fmt)
+  if absent:
+    raise NotInstalled(f"{subject}: the {fmt} format needs {', '.join(absent)}, not installed "
+                       "here: pip install 'vit_jax[export]'")
+
+
 def format_of(path: str) -> str | None:
   """Which format `path` holds; None for anything else, e.g. a checkpoint."""
   return next((fmt for fmt in FORMATS if module(fmt).holds(path)), None)
@@ -45,6 +69,8 @@ def format_of(path: str) -> str | None:
 def describe(path: str) -> Description:
   """The description an exported model carries; raises ValueError if it has none."""
   fmt = format_of(path)
+  if fmt:
+    require(fmt, path)
   text = module(fmt).read_description(path) if fmt else None
   if text is None:
     raise ValueError(f"{path} carries no vit_jax description: it was not written by "

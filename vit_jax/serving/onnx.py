@@ -23,6 +23,7 @@ from vit_jax.checkpoint.description import Description
 from vit_jax.serving import formats, savedmodel, tflite
 
 OPSET = 17
+REQUIRES = ("onnx", "onnxruntime", "tf2onnx", *tflite.REQUIRES)  # Through TFLite.
 
 
 def holds(path: str) -> bool:

@@ -57,6 +57,7 @@ def open_model(path: str, num_threads: int | None = None, **load_kwargs) -> Pred
     if load_kwargs:
       raise ValueError(f"{path} is an exported {fmt} model: its architecture and resolution "
                        f"are fixed, so {sorted(load_kwargs)} cannot be applied.")
+    formats.require(fmt, path)
     try:
       return formats.module(fmt).predictor(path, num_threads)
     except Exception as e:  # Each runtime fails its own way on a damaged file.

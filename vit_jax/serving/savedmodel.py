@@ -28,6 +28,7 @@ with epy.lazy_imports():  # Telling a SavedModel and reading its description nee
 
   from vit_jax.data import preprocess as pp
 
+REQUIRES = ()  # TensorFlow, a requirement of vit_jax itself.
 SIGNATURE = "serving_default"
 INPUT = "images"
 OUTPUTS = ("logits", "top5")

@@ -20,6 +20,8 @@ from vit_jax.serving import formats, savedmodel
 with epy.lazy_imports():
   import tensorflow as tf
 
+REQUIRES = ("ai_edge_litert",)  # The flatbuffer's schema and the interpreter: LiteRT's.
+
 
 def litert(module: str):
   """`ai_edge_litert.<module>`, or ImportError saying how to install it."""

@@ -23,7 +23,9 @@ N is the checkpoint's resolution unless --image_size resizes the position embedd
 A serving format is run in its own runtime (TensorFlow, LiteRT, onnxruntime) on 2 images
 beside JAX before the export reports success; a model whose logits differ (by more than 1e-4
 of their scale) is removed, and the command says by how much and exits with status 1.
-The serving formats need the export extra: pip install 'vit_jax[export]'.
+TFLite and ONNX need the export extra (pip install 'vit_jax[export]'), the SavedModel only
+TensorFlow; without it vit-export refuses them before any work, as vit-predict and vit-inspect
+refuse to open such a model.
 """
 import argparse
 import os
@@ -82,6 +84,8 @@ def main(argv: list[str]) -> int:
   if os.path.exists(args.out) and not os.path.isdir(args.out) and args.format == "savedmodel":
     cli.fail(f"OUT {args.out} is a file, and a SavedModel is a folder: give a new or empty "
              "folder's path (the file is left as it is)")
+  if args.format in formats.FORMATS:  # Before OUT is read as one of its files.
+    formats.require(args.format, f"--format {args.format}")
   if args.format == "savedmodel":
     cli.check_owned("OUT", args.out, SAVEDMODEL_ENTRIES.__contains__, "a SavedModel")
   elif os.path.isfile(args.out) and not written_by_export(args.out, args.format):
