@@ -67,7 +67,7 @@ def test_cli_overrides_reach_the_run_and_its_tensorboard_record_with_no_keras_lo
   assert result.returncode == 0, result.stderr[-3000:]
   assert "Final evaluation: accuracy=" in result.stdout
   assert result.stdout.strip().splitlines()[-1].endswith("keras loaded: False"), result.stdout
-  assert "1 devices (cpu)" in result.stderr
+  assert "1 device (cpu)" in result.stderr
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["2"]
   [events] = tmp_path.glob("events.out.tfevents.*")
   [hparams] = [plugin_data_pb2.HParamsPluginData.FromString(v.metadata.plugin_data.content)

@@ -63,7 +63,8 @@ class Console:
     epochs = f" ({run.epochs:g} epochs)" if run.epochs else ""
     self.say(f"Training {run.model_name} ({run.parameters:,} parameters) on {run.dataset} "
              f"({run.num_classes} classes, {run.image_size} px): {run.total_steps:,} steps of "
-             f"{run.batch_size} images{epochs}, {run.devices} devices ({run.platform}).")
+             f"{run.batch_size} images{epochs}, {run.devices} device{'s' * (run.devices != 1)} "
+             f"({run.platform}).")
     if run.trained_parameters < run.parameters:
       self.say(run.trained_line.capitalize() + ".")
     self.say(f"Workdir: {run.workdir} (checkpoints, TensorBoard events); library logs: "
