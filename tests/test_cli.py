@@ -120,6 +120,10 @@ def train_errors(f: Files) -> list[Case]:
       train("a positional argument (its -- forgotten)", ["config.total_steps=10"],
             "unexpected argument 'config.total_steps=10': vit-train takes flags only "
             "(--name=value), and reads nothing else; did you mean --config.total_steps=10?"),
+      train("an exported model as config.pretrained",
+            [f"--config.pretrained={tmp}/truncated.tflite"],
+            f"{tmp}/truncated.tflite is a model that vit-export wrote (tflite): a graph for "
+            "serving, not the parameters this command reads"),
       Case("vit-train", "workdir in use (refused before TensorFlow loads)",
            ["--config", "tests/tiny_config.py", "--workdir", str(f.in_use)],
            f"{f.in_use} is in use by PID {os.getpid()}",

@@ -280,6 +280,34 @@ def test_an_export_that_fails_half_way_leaves_nothing_at_out(tmp_path, monkeypat
     assert (not out.exists()) if fmt == "tflite" else (list(out.iterdir()) == []), fmt
 
 
+def test_commands_that_read_parameters_refuse_an_exported_model_naming_its_checkpoint(
+    export_kind, tmp_path, capsys):
+  """vit-fewshot, vit-transfer and vit-export read a checkpoint's parameters: given a model
+  that vit-export wrote, in any format, each refuses it in one line, status 2, writing nothing,
+  and names the checkpoint it was exported from where its description records it (the loader
+  called it no .npz file or no step directory, and vit-fewshot counted it a failed probe).
+  vit-train's config.pretrained: tests/test_cli.py."""
+  from vit_jax.tools import export, fewshot, transfer
+  _, loaded, paths, _ = export_kind("plain")
+  recorded = str(tmp_path / "recorded.tflite")
+  shutil.copy(paths["tflite"], recorded)
+  tflite.write_description(recorded, loaded.description.replace(exported_from="/runs/r/9"))
+  out = tmp_path / "out"
+  cases = [(path, fmt, "") for fmt, path in sorted(paths.items())] + [
+      (recorded, "tflite", " (/runs/r/9)")]
+  for path, fmt, origin in cases:
+    for command, argv in (
+        (fewshot, [path, "--datasets=fashion_mnist", "--out_dir", str(out)]),
+        (transfer, [path, "--suite", "fashion_mnist", "--out_dir", str(out)]),
+        (export, [path, str(out)])):
+      assert command.main(argv) == 2, (fmt, command.__name__)
+      err = capsys.readouterr().err
+      assert err == (f"error: {path} is a model that vit-export wrote ({fmt}): a graph for "
+                     "serving, not the parameters this command reads; give the checkpoint it "
+                     f"was exported from{origin}\n"), (fmt, command.__name__, err)
+      assert not out.exists(), (fmt, command.__name__)
+
+
 def test_every_format_of_the_table_keeps_the_contract_and_every_command_offers_it():
   """formats.FORMATS drives conversion, prediction and vit-export's choices: each row's module
   has the four functions, tells only its own files, and is offered by every entry point."""

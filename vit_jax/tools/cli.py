@@ -97,6 +97,25 @@ def check_checkpoints(paths: Sequence[str]) -> None:
       raise FileNotFoundError(f"No checkpoint at {path}.")
 
 
+def check_not_exported(paths: Sequence[str]) -> None:
+  """Refuses a model that vit-export wrote in a serving format where a command reads a
+  checkpoint's parameters, naming the checkpoint it was exported from where its description
+  records it (the loader would call it no .npz or no step directory). Imports the serving
+  formats, and so JAX: call it where JAX may start."""
+  from vit_jax.checkpoint import specs
+  from vit_jax.serving import formats
+  for path in paths:
+    fmt = path and specs.is_local(path) and formats.format_of(specs.without_ema(path))
+    if fmt:
+      try:
+        origin = formats.describe(path).exported_from
+      except Exception:  # noqa: BLE001  A damaged file, or its packages not installed.
+        origin = None
+      raise ValueError(f"{path} is a model that vit-export wrote ({fmt}): a graph for "
+                       "serving, not the parameters this command reads; give the checkpoint "
+                       f"it was exported from{f' ({origin})' if origin else ''}")
+
+
 def check_output_dir(flag: str, path: str) -> None:
   """Refuses, with a line naming the flag, a local output folder that cannot be made or
   written in: a path under a regular file, or where this user may not write. Creates

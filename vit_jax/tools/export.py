@@ -93,6 +93,7 @@ def main(argv: list[str]) -> int:
              "carries no vit_jax description), and exporting would replace it: give another "
              "path, or delete it first")
   logs.route_logs(verbose=args.verbose)
+  cli.check_not_exported([args.checkpoint, args.base or ""])
   from vit_jax.checkpoint import loader  # JAX and orbax: after the checks.
   if args.format == "npz":
     described = loader.export_npz(args.checkpoint, args.out, args.base)

@@ -75,6 +75,7 @@ def main(argv: list[str]) -> int:
   cli.check_owned("--out_dir", args.out_dir, outputs.__contains__, ", ".join(outputs))
   logs.route_logs(verbose=args.verbose)
   logs.start_tensorflow()
+  cli.check_not_exported([*paths, args.base or ""])
   try:
     _, failures = fewshot_sweep.sweep(
         paths, args.model, args.datasets.split(","), args.data_dir, args.train_split,

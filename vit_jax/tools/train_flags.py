@@ -149,6 +149,7 @@ def parse(argv: list[str], doc: str) -> list[str]:
   _check_compile_flags()
   if FLAGS.config.get("pretrained"):
     try:  # Before a workdir or a compile; the run starts from what it opened.
+      cli.check_not_exported([FLAGS.config.pretrained])
       opened_pretrained[:] = [config_lib.check_pretrained(FLAGS.config, given)]
     except cli.INPUT_ERRORS as e:
       cli.fail(e)

@@ -188,6 +188,8 @@ def main(argv: list[str]) -> int:
     task_list = tasks.resolve_or_custom(args.suite)
   cpu_backend.prepare(args.cpu_devices)  # Before JAX starts.
   logs.start_tensorflow()
+  if args.list is None and not args.report_only:
+    cli.check_not_exported(args.checkpoints)
   from vit_jax.transfer import report, sweep, task_splits
   if args.list is not None:
     print_list(args.list, args.format)
