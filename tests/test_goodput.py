@@ -32,6 +32,35 @@ def test_wall_time_splits_into_productive_repeated_waiting_and_other():
   assert lines[3] == "  waiting for capacity: 2m 30s (45.6%)"
 
 
+# Attempt 1 trains steps 1-60 (1 s each) and ends at 100 s; attempt 2 starts an hour later.
+GAPS = {  # How attempt 1 ended, the waits recorded: the seconds of the gap left out.
+    "finished, started again later (the quick-start's command run twice)": ("finished", [], 3500),
+    "stopped by Ctrl-C, resumed by hand": ("stopped", [], 3500),
+    "stopped by a preemption's SIGTERM, the launcher's wait": (
+        "stopped", [{"requested": 150.0, "active": 3500.0, "why": "preempted"}], 0),
+    "killed without a word (kill -9, a lost machine)": (None, [], 0),
+    "failed, run again on the same slices": ("failed: RuntimeError", [], 0),
+}
+
+
+@pytest.mark.parametrize("outcome, capacity, unasked", GAPS.values(), ids=GAPS)
+def test_time_between_attempts_when_no_run_was_asked_for_is_left_out(outcome, capacity, unasked):
+  """A run that ended with its word (finished, or stopped) and that no launcher brought back:
+  until it is started again nobody asked for it, and that hour is not its wall time (a rerun
+  of a finished quick-start read as 10% productive). After a kill, a failure or a wait for
+  capacity the gap is the interruption's, and stays in."""
+  first = attempt(0.0, 0, 40.0, 60, 99.0, outcome)
+  first["ended"] = 100.0
+  second = attempt(3600.0, 60, 3610.0, 100, 3649.0, "finished") | {"ended": 3650.0}
+  s = goodput.summarize({"capacity": capacity, "attempts": [first, second]})
+  assert s.unasked_s == unasked and s.wall_s == 3650.0 - unasked
+  assert s.productive_s == pytest.approx(98.0)
+  assert s.other_s == pytest.approx(s.wall_s - 98.0 - s.waiting_s)
+  head = goodput.format_summary(s)[0]
+  assert head.endswith("wall time 2m 30s (58m 20s between attempts, when no run was asked "
+                       "for, left out)" if unasked else f"wall time {goodput.duration(3650.0)}")
+
+
 def test_attempts_are_written_as_the_run_goes_and_end_with_their_outcome(tmp_path):
   with goodput.AttemptLog(str(tmp_path), 0, 10, min_interval_s=3600) as log:
     log.step(1)

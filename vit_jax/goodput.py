@@ -219,6 +219,7 @@ class Summary:
   last_step: int
   total_steps: int
   finished: bool
+  unasked_s: float  # Between attempts when no run was asked for (`_unasked`): not in wall_s.
 
   @property
   def productive_s(self) -> float:
@@ -238,6 +239,23 @@ def _repeated(attempts: list[dict[str, Any]]) -> list[int]:
   return out
 
 
+def _unasked(attempts: list[dict[str, Any]], capacity: list[dict[str, Any]]) -> float:
+  """Seconds from an attempt that ended with its word, finished or stopped (a signal, Ctrl-C),
+  to the next one where no launcher waited for capacity in between: a finished run started
+  again, a stopped one resumed by hand the next day. No run was asked for then. After an end
+  without a word (a kill, a lost machine) or a failure, or where a wait was recorded (a
+  preemption's), the time until the next attempt is the interruption's, and stays in."""
+  total = 0.0
+  for before, after in zip(attempts, attempts[1:]):
+    ended, started = before["ended"], after["started"]
+    if before["outcome"] not in ("finished", "stopped") or ended is None:
+      continue
+    if any(c["requested"] < started and c["active"] > ended for c in capacity):
+      continue
+    total += max(started - ended, 0.0)
+  return total
+
+
 def summarize(record: dict[str, list[dict[str, Any]]], now: float | None = None) -> Summary | None:
   """The record's totals; None where it holds no attempt."""
   attempts, capacity = record["attempts"], record["capacity"]
@@ -255,10 +273,11 @@ def summarize(record: dict[str, list[dict[str, Any]]], now: float | None = None)
   begin = min([a["started"] for a in attempts] + [c["requested"] for c in capacity])
   last = attempts[-1]
   end = now if now is not None else (last["ended"] or last["last_step_at"])
-  return Summary(len(attempts), end - begin, training,
+  unasked = _unasked(attempts, capacity)
+  return Summary(len(attempts), end - begin - unasked, training,
                  sum(c["active"] - c["requested"] for c in capacity), repeated_s, sum(repeated),
                  max(a["last_step"] for a in attempts), last["total_steps"],
-                 last["outcome"] == "finished")
+                 last["outcome"] == "finished", unasked)
 
 
 def duration(seconds: float) -> str:
@@ -276,6 +295,8 @@ def format_summary(s: Summary) -> list[str]:
            ("waiting for capacity", s.waiting_s),
            ("other (start-up, set-up, compiling, restoring, evaluation at the end)", s.other_s)]
   wall = max(s.wall_s, 1e-9)
+  unasked = (f" ({duration(s.unasked_s)} between attempts, when no run was asked for, left "
+             f"out)" if s.unasked_s >= 1 else "")
   return [f"Goodput: {s.attempts} attempt{'s' * (s.attempts != 1)}, step {s.last_step} of "
-          f"{s.total_steps}, {state}; wall time {duration(s.wall_s)}"] + [
+          f"{s.total_steps}, {state}; wall time {duration(s.wall_s)}{unasked}"] + [
               f"  {name}: {duration(t)} ({t / wall:.1%})" for name, t in parts]
