@@ -42,13 +42,19 @@ def test_a_training_run_loads_from_its_workdir_and_step_dir(two_steps):
   assert meta["model_name"] == "ViT-Ti_16"
   for path in (tmp_path, tmp_path / "checkpoints" / "2"):
     ckpt = loader.load(str(path))
-    assert ckpt.model.name_in_registry == "ViT-Ti_16" and ckpt.image_size == 28
+    # ViT-Ti_16 with tiny_config's overrides is no ViT-Ti_16: no registry name.
+    assert ckpt.model.name_in_registry is None and ckpt.image_size == 28
     assert ckpt.source == str(tmp_path / "checkpoints" / "2")
     for key, value in npz.flatten(ckpt.params).items():
       np.testing.assert_array_equal(value, flat[key])
-  with pytest.raises(ValueError, match=r"^model_name \(--model\) 'ViT-B_16' disagrees with "
-                     ".* records the model 'ViT-Ti_16'"):
-    loader.load(str(tmp_path), "ViT-B_16")
+  for name in ("ViT-B_16", "ViT-Ti_16"):  # The config's name too: not what it trained.
+    with pytest.raises(ValueError, match=rf"^model_name \(--model\) '{name}' disagrees with "
+                       r".* records the model 'ViT with patch 7, width 32, depth 2, 2 heads, "
+                       r"MLP 64'"):
+      loader.load(str(tmp_path), name)
+  # The config's name with its overrides names the model.
+  assert loader.load(str(tmp_path), "ViT-Ti_16", patch_size=7, hidden_size=32, mlp_dim=64,
+                     num_heads=2, num_layers=2).model.patch_size == 7
   with pytest.raises(FileNotFoundError, match="No checkpoint at"):
     loader.load(str(tmp_path / "missing"))
 
@@ -83,7 +89,7 @@ def test_a_training_run_exports_from_its_workdir_and_step_dir(two_steps, tmp_pat
                          (two_steps / "checkpoints" / "2", "tflite", tmp_path / "m.tflite")):
     loaded, checked = convert.export(str(path), str(out), fmt)
     assert checked <= convert.TOLERANCE  # What it measured in the runtime, on its own images.
-    assert loaded.model.name_in_registry == "ViT-Ti_16" and loaded.image_size == 28
+    assert loaded.model.name_in_registry is None and loaded.image_size == 28
     batch = np.stack([images.read_image(f, 28) for f in files])
     diff = np.abs(predictors.open_model(str(out))(batch) - jax_logits(loaded, batch)).max()
     assert diff <= TOLERANCE[fmt], (fmt, diff)
@@ -159,7 +165,8 @@ def test_export_cli_writes_each_format(tmp_path, digits_folder):
   r = run_cli([sys.executable, "-m", "vit_jax.tools.export", path, str(out), "--format", "onnx",
                "--image_size", "48"])
   assert r.returncode == 0, r.stderr
-  assert f"Wrote {out} (onnx): custom ViT; 48px; 10 classes" in r.stdout
+  assert (f"Wrote {out} (onnx): ViT with patch 8, width 32, depth 1, 2 heads, MLP 64; 48px; "
+          "10 classes") in r.stdout
   assert re.search(r"\nChecked: run in its runtime, \S+ from JAX's logits \(max \|diff\| on 2 "
                    r"images\)\n", r.stdout), r.stdout
   predictor = predictors.open_model(str(out))

@@ -71,7 +71,7 @@ def test_a_terminal_gets_one_bar_and_the_library_logs_go_to_the_workdir(terminal
   assert re.search(r"\r(?!\n)", out), out[-3000:]
   bar = re.findall(r"\d+%\|[^\r\n]*\| *\d+/12 \[[^\]]*img/s, loss [0-9.]+", out)
   assert bar and bar[-1].startswith("100%|"), out[-3000:]
-  assert "Training ViT-Ti_16" in out and f"Workdir: {workdir}" in out
+  assert "Training ViT with patch 7, width 32, depth 2, 2 heads, MLP 64 (22,794 parameters)" in out and f"Workdir: {workdir}" in out
   assert "eval at step 12: accuracy" in out
   assert not ABSL_LINE.search(out), out[-3000:]
   assert "oneDNN" not in out and "Traceback" not in out

@@ -49,7 +49,9 @@ def test_images(dataset):
 
 def test_a_run_step_records_its_description(workdir, dataset):
   described = loader.describe(workdir)
-  assert described.model_name == "ViT-Ti_16" and described.model["patch_size"] == 7
+  # The config's ViT-Ti_16 with patches of 7 and 32 wide: a model with no registry name.
+  assert described.model_name is None and described.model["patch_size"] == 7
+  assert described.model_label == "ViT with patch 7, width 32, depth 2, 2 heads, MLP 64"
   assert (described.image_size, described.num_classes, described.step) == (28, 10, 12)
   assert described.preprocessing == description.Preprocessing(value_range=VALUE_RANGE)
   assert described.class_names == FASHION_MNIST_CLASSES

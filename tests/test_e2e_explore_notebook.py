@@ -21,7 +21,9 @@ from vit_jax.models import timm_models  # noqa: F401  (conftest: torch before Te
 NOTEBOOK = REPO / "notebooks" / "explore_checkpoint.ipynb"
 # Each checkpoint's line in the notebook's output, and whether its head names classes (CLIP's is
 # its projection). The Hub repos are test_layouts_dinov2_clip.py's timm models.
-SUMMARIES = {"npz": ("ViT-Ti_16 from", "28px input, 4x4 patches of 7px", True),
+# ViT-Ti_16 with TINY's overrides is no ViT-Ti_16: named by its shape.
+SUMMARIES = {"npz": ("ViT with patch 7, width 32, depth 2, 2 heads, MLP 64 from",
+                     "28px input, 4x4 patches of 7px", True),
              "dinov2_reg4": ("hf-hub:timm/dinov2_reg4", "98px input, 7x7 patches of 14px", True),
              "clip_openai": ("hf-hub:timm/clip_openai", "64px input, 4x4 patches of 16px", False)}
 

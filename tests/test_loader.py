@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from vit_jax import models
-from vit_jax.checkpoint import errors, loader, npz
+from vit_jax.checkpoint import description, errors, loader, npz
 
 
 TINY = dict(patch_size=7, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2)
@@ -48,6 +48,45 @@ def test_without_a_name_the_architecture_is_read_off_the_arrays(tiny):
   assert headless.model.num_classes is None and "head" not in headless.params
   images = np.random.default_rng(0).uniform(-1, 1, (2, 14, 14, 3)).astype(np.float32)
   assert headless.model.apply({"params": headless.params}, images).shape == (2, 16)
+
+
+B16 = models.model_config("ViT-B_16")
+NAMES = {  # The name a description records, its model's fields: the name it is read with.
+    "overrides that change the architecture (the quick-start's)": ("ViT-Ti_16", TINY, None),
+    "the registry's model": ("ViT-B_16", B16, "ViT-B_16"),
+    "another name of the architecture (its pooling's)": (
+        "ViT-B_16-gap-norep", dict(B16, classifier="gap"), "ViT-B_16-gap-norep"),
+    "no name, a registry architecture": (None, B16, "ViT-B_16"),
+    "no name, none": (None, TINY, None),
+}
+
+
+@pytest.mark.parametrize("recorded, fields, named", NAMES.values(), ids=NAMES)
+def test_a_description_names_its_model_only_where_the_registry_has_its_architecture(
+    tmp_path, tiny, recorded, fields, named):
+  """Runs before this recorded their config's model_name whatever their overrides: read back,
+  the name stays only where the registry's model of that name is the model; the model
+  built, the one-line summary and `--model` agree."""
+  path, params = tiny
+  described = description.Description(model=fields, model_name=recorded, image_size=28,
+                                      num_classes=10)
+  assert models.registry.match_name(fields, preferred=recorded) == named
+  assert models.create_model(recorded or "ViT-B_16", **fields).name_in_registry == (
+      named or None)
+  if fields is not TINY:
+    return  # Only the tiny file's arrays are at hand to read.
+  stale = str(tmp_path / "stale.npz")
+  npz.save_npz(stale, params, described)
+  opened = loader.open_checkpoint(stale)
+  assert opened.description.model_name is None
+  label = "ViT with patch 7, width 32, depth 2, 2 heads, MLP 64"
+  assert opened.description.model_label == label
+  assert opened.description.summary().startswith(f"{label}; 28px; 10 classes")
+  ckpt = loader.load(stale)
+  assert ckpt.model.name_in_registry is None and ckpt.summary().startswith(f"{label} from ")
+  with pytest.raises(description.DescriptionMismatch, match=f"records the model '{label}'"):
+    loader.load(stale, "ViT-Ti_16")
+  assert loader.load(stale, "ViT-Ti_16", **TINY).model.name_in_registry is None
 
 
 def test_a_registry_architecture_is_named():

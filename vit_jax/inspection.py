@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from vit_jax import models
-from vit_jax.checkpoint import loader
+from vit_jax.checkpoint import description as desc_lib, loader
 from vit_jax.configs import finetune
 from vit_jax.models import registry
 
@@ -25,6 +25,14 @@ def registry_name(model: models.VisionTransformer) -> str | None:
   return (same_pooling or names or [None])[0]
 
 
+def _run_model_name(described: desc_lib.Description) -> str | None:
+  """The config's model_name of a run whose overrides left its model without a registry name
+  (the quick-start's ViT-Ti_16, 64 wide with patches of 7)."""
+  if "model" in described.assumed or described.model_name:
+    return None
+  return (described.config or {}).get("model_name")
+
+
 def _flag_value(value: Any) -> str:
   if isinstance(value, (tuple, list)):  # ml_collections parses a tuple literal.
     return "(" + ",".join(map(str, value)) + ("," if len(value) == 1 else "") + ")"
@@ -36,8 +44,8 @@ def finetune_command(ckpt: loader.Loaded, path: str, dataset: str = "cifar10") -
   model nearest the file, and overrides for every field that differs where the file does not
   describe its model (a file that does gives it to the run)."""
   model = ckpt.model
-  base = (registry_name(model) or model.name_in_registry or
-          ("R50+ViT-B_16" if model.resnet_layers is not None else "ViT-B_16"))
+  base = (registry_name(model) or model.name_in_registry or _run_model_name(ckpt.description)
+          or ("R50+ViT-B_16" if model.resnet_layers is not None else "ViT-B_16"))
   overrides = {}
   if "model" in ckpt.description.assumed:  # Else the run takes the model the file describes.
     base_fields = models.model_config(base)
@@ -77,7 +85,7 @@ def report(path: str, model_name: str | None = None, dataset: str = "cifar10",
   return {
       "checkpoint": path, "source": source, "description": described.to_dict(),
       "model": registry_name(m),
-      "run_model_name": None if "model" in described.assumed else described.model_name,
+      "run_model_name": _run_model_name(described),
       "fields": registry.described_fields(m),
       "patch_size": m.patch_size, "token_px": m.stride, "width": m.hidden_size,
       "depth": m.num_layers, "heads": m.num_heads, "mlp_dim": m.mlp_dim,

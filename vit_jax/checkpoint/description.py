@@ -124,13 +124,17 @@ class Description:
       raise UnreadableDescription(f"not JSON ({e})") from e
     return cls.from_dict(d)
 
+  @property
+  def model_label(self) -> str:
+    return model_label(self.model_name, self.model)
+
   def class_name(self, i: int) -> str:
     return self.class_names[i] if self.class_names else f"class {i}"
 
   def summary(self) -> str:
     """One line for a log or a report."""
     pre = self.preprocessing
-    parts = [self.model_name or "custom ViT", f"{self.image_size}px",
+    parts = [self.model_label, f"{self.image_size}px",
              f"{self.num_classes or 'no'} classes"
              + (f" ({', '.join(self.class_names[:3])}{', ...' if self.num_classes > 3 else ''})"
                 if self.class_names else ""),
@@ -166,6 +170,20 @@ def output_of_loss(loss: str) -> str | None:
 def grid_image_size(posemb_tokens: int, has_class_token: bool, stride: int) -> int:
   """The resolution a learned position embedding of `posemb_tokens` rows stands for."""
   return math.isqrt(posemb_tokens - has_class_token) * stride
+
+
+def model_label(model_name: str | None, model: Mapping[str, Any]) -> str:
+  """What to call a model: its registry name, or where it has none its shape, `ViT with patch
+  7, width 64, depth 2, 2 heads, MLP 256` (`R+ViT with ResNet stages (3, 4, 9), patch 1, ...`
+  for a hybrid)."""
+  if model_name:
+    return model_name
+  get = lambda k: model.get(k, "?")
+  stages = model.get("resnet_layers")
+  resnet = "" if stages is None else f"ResNet stages {tuple(stages)}, "
+  return (f"{'ViT' if stages is None else 'R+ViT'} with {resnet}patch {get('patch_size')}, "
+          f"width {get('hidden_size')}, depth {get('num_layers')}, {get('num_heads')} heads, "
+          f"MLP {get('mlp_dim')}")
 
 
 def released(model: Mapping[str, Any], model_name: str | None, num_classes: int | None,

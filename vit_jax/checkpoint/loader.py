@@ -60,7 +60,9 @@ class Loaded:
 
   def summary(self) -> str:
     n = sum(np.size(x) for x in jax.tree.leaves(self.params))
-    return (f"{self.model.name_in_registry or 'custom ViT'} from {self.source}: {n:,} "
+    label = desc_lib.model_label(self.model.name_in_registry,
+                                 models.registry.described_fields(self.model))
+    return (f"{label} from {self.source}: {n:,} "
             f"parameters, {self.model.num_classes or 'no'} classes, {self.image_size}px input, "
             f"{self.grid[0]}x{self.grid[1]} patches of {self.model.stride}px, "
             f"classifier={self.model.classifier!r}")
@@ -129,6 +131,23 @@ def open_checkpoint(path: str, base: str | None = None) -> Opened:
   """Any checkpoint path, opened: its reader chosen here, once. A LoRA adapters file comes
   merged onto its base: the checkpoint its description names, or `base` where that has
   moved; either must hold the arrays the adapters were trained on."""
+  opened = _open(path, base)
+  opened.description = _named(opened.description)
+  return opened
+
+
+def _named(described: Description) -> Description:
+  """The description naming its model only where the registry's model of that name is its
+  architecture: runs before 2026-11-30 recorded their config's model_name whatever their
+  overrides (the quick-start, 64 wide with patches of 7, as ViT-Ti_16). A file whose model
+  is assumed is named by its index or its shapes already."""
+  if "model" in described.assumed:
+    return described
+  name = models.registry.match_name(described.model, preferred=described.model_name)
+  return described if name == described.model_name else described.replace(model_name=name)
+
+
+def _open(path: str, base: str | None) -> Opened:
   if specs.is_ema(path):
     return _open_run(path, ema=True)
   if specs.is_augreg(path):
@@ -277,9 +296,14 @@ def posemb_interpolation_of(described: Description) -> str:
 def _name_and_fields(flat: dict[str, np.ndarray], described: Description, model_name: str | None,
                   overrides: dict[str, Any], source: str) -> tuple[str | None, dict]:
   if "model" not in described.assumed:  # Written by this project: the description says.
-    # Named as this function's argument and as the flag every command passes it by.
-    desc_lib.check_option("the model", "model_name (--model)", model_name,
-                          described.model_name, source)
+    # Named as this function's argument and as the flag every command passes it by. A model
+    # without a registry name is a name's with overrides: the name must come with them.
+    recorded = described.model_name
+    if recorded is None and model_name and (
+        models.registry.architecture(models.model_config(model_name, **overrides))
+        != models.registry.architecture(described.model)):
+      recorded = described.model_label
+    desc_lib.check_option("the model", "model_name (--model)", model_name, recorded, source)
     return described.model_name, dict(described.model)
   if model_name:
     return model_name, _checked_name(flat, model_name, overrides)
@@ -323,7 +347,8 @@ def from_opened(opened: Opened, model_name: str | None = None, *, image_size: in
     fields["num_classes"] = None
     flat = {k: v for k, v in flat.items() if not k.startswith("head/")}
   fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
-  model = models.VisionTransformer(name_in_registry=name, **fields)
+  model = models.VisionTransformer(
+      name_in_registry=models.registry.match_name(fields, preferred=name), **fields)
   image_size = image_size or described.image_size
   # A model that resamples its embedding at run time keeps the checkpoint's own grid: one
   # resize, from the grid it was trained at, as its framework's forward does.

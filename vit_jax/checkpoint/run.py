@@ -23,7 +23,7 @@ from vit_jax.checkpoint.description import (Description, Preprocessing, Unreadab
                                            output_of_loss)
 from vit_jax.checkpoint.errors import CheckpointError
 from vit_jax.checkpoint.npz import flatten
-from vit_jax.models import lora
+from vit_jax.models import lora, registry
 
 ITEMS = ("state", "meta")
 # Keys of `meta` beside what a resumed run must agree with.
@@ -348,7 +348,8 @@ def step_description(meta: dict[str, Any], step: int) -> Description:
                       "from its resume record instead.", step, e)
   data = meta["trajectory"]["data"]
   return Description(
-      model=meta["model"], model_name=meta["model_name"], num_classes=meta["num_classes"],
+      model=meta["model"], num_classes=meta["num_classes"],
+      model_name=registry.match_name(meta["model"], preferred=meta["model_name"]),
       image_size=data["image_size"], preprocessing=Preprocessing.from_data_config(data),
       output=output_of_loss(meta["trajectory"]["loss"]), dataset=data["name"], step=step)
 

@@ -96,16 +96,20 @@ def architecture(fields: dict[str, Any]) -> dict[str, Any]:
           for k, v in ((k, fields.get(k, default(k))) for k in ARCHITECTURE)}
 
 
-def match_name(fields: dict[str, Any]) -> str | None:
-  """The first registry name with the architecture of `fields`, if any."""
+def match_name(fields: dict[str, Any], preferred: str | None = None) -> str | None:
+  """`preferred` where it names the architecture of `fields`, else the first registry name
+  that does; None where none does (a ViT-Ti_16 with another width is no ViT-Ti_16)."""
   want = architecture(fields)
-  return next((n for n, c in MODEL_CONFIGS.items() if architecture(c) == want), None)
+  names = [n for n, c in MODEL_CONFIGS.items() if architecture(c) == want]
+  return preferred if preferred in names else next(iter(names), None)
 
 
 def create_model(name: str, num_classes: int | None = 1000, **overrides: Any) -> VisionTransformer:
-  """Builds a named model, e.g. `create_model("ViT-B_16", num_classes=10, dtype=jnp.bfloat16)`."""
-  return VisionTransformer(num_classes=num_classes, name_in_registry=name,
-                           **model_config(name, **overrides))
+  """Builds a named model, e.g. `create_model("ViT-B_16", num_classes=10, dtype=jnp.bfloat16)`;
+  overrides that change its architecture leave it without a registry name."""
+  fields = model_config(name, **overrides)
+  return VisionTransformer(num_classes=num_classes,
+                           name_in_registry=match_name(fields, preferred=name), **fields)
 
 
 def short_name(name: str) -> str:

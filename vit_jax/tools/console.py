@@ -61,7 +61,7 @@ class Console:
   def started(self, run: "loop.RunInfo") -> None:
     self.run, self.step_at = run, run.start_step
     epochs = f" ({run.epochs:g} epochs)" if run.epochs else ""
-    self.say(f"Training {run.model_name} ({run.parameters:,} parameters) on {run.dataset} "
+    self.say(f"Training {run.model} ({run.parameters:,} parameters) on {run.dataset} "
              f"({run.num_classes} classes, {run.image_size} px): {run.total_steps:,} steps of "
              f"{run.batch_size} images{epochs}, {run.devices} device{'s' * (run.devices != 1)} "
              f"({run.platform}).")

@@ -123,7 +123,9 @@ def _description_lines(d: dict[str, Any]) -> list[tuple[str, str]]:
 def format_description(path: str, d: dict[str, Any], opened: dict[str, Any]) -> str:
   """The report on an exported model: its description (it holds no arrays to inspect) and
   what its runtime found when it opened it."""
-  rows = [("checkpoint", path), ("model", d["model_name"] or "custom ViT"),
+  # Named only where the registry's model of that name is its architecture (`loader._named`).
+  name = registry.match_name(d["model"], preferred=d["model_name"])
+  rows = [("checkpoint", path), ("model", description.model_label(name, d["model"])),
           ("classes", str(d["num_classes"])),
           ("opens", f"in {opened['format']}'s runtime: {opened['image_size']} px input, "
                     f"{opened['num_classes']} outputs")] + _description_lines(d)

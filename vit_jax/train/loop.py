@@ -74,7 +74,7 @@ class RunInfo:
   """What a run trains, where, and from which step: for whoever shows its progress."""
   workdir: str
   checkpoints: str  # The folder of its step folders.
-  model_name: str
+  model: str  # Its registry name, or its shape: Description.model_label.
   parameters: int
   trained_parameters: int  # Fewer than `parameters` where some are frozen (or LoRA's base).
   dataset: str
@@ -104,7 +104,7 @@ def _run_info(setup: run_setup.RunSetup, state: trainer.TrainState, start: int) 
   c = setup.config
   return RunInfo(
       workdir=setup.workdir, checkpoints=str(run.checkpoint_dir(setup.workdir)),
-      model_name=c.model_name or "ViT",
+      model=setup.description.model_label,
       parameters=_count(state.params), trained_parameters=_count(setup.trained(state.params)),
       dataset=c.data.name, data_dir=c.data.data_dir, num_classes=setup.model.num_classes,
       image_size=c.data.image_size, batch_size=setup.micro_batch, total_steps=setup.loop_steps,

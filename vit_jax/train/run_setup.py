@@ -188,8 +188,10 @@ class RunSetup:
   def description(self) -> desc_lib.Description:
     """What every checkpoint of the run records about itself (`save` adds the step)."""
     c = self.config
+    model = _architecture(c)
     return desc_lib.Description(
-        model=_architecture(c), model_name=c.model_name, num_classes=self.model.num_classes,
+        model=model, model_name=models.registry.match_name(model, preferred=c.model_name),
+        num_classes=self.model.num_classes,
         image_size=c.data.image_size, class_names=self.class_names,
         preprocessing=desc_lib.Preprocessing.from_data_config(c.data),
         output=desc_lib.output_of_loss(c.loss), dataset=c.data.name,
