@@ -57,8 +57,20 @@ def test_time_between_attempts_when_no_run_was_asked_for_is_left_out(outcome, ca
   assert s.productive_s == pytest.approx(98.0)
   assert s.other_s == pytest.approx(s.wall_s - 98.0 - s.waiting_s)
   head = goodput.format_summary(s)[0]
+  assert s.finished and "step 100 of 100, finished;" in head
   assert head.endswith("wall time 2m 30s (58m 20s between attempts, when no run was asked "
                        "for, left out)" if unasked else f"wall time {goodput.duration(3650.0)}")
+
+
+def test_a_finished_run_stays_finished_when_a_later_start_is_cut_short():
+  """`vit-train` on a finished run evaluates its last step; killed meanwhile (its console piped
+  into `head`), that attempt ends without a word: the run is still finished. One that has
+  not saved its last step is not."""
+  done = attempt(0.0, 0, 10.0, 100, 109.0, "finished")
+  again = attempt(500.0, 100, None, 100, 500.0, None)
+  assert goodput.summarize({"attempts": [done, again], "capacity": []}).finished
+  cut = attempt(0.0, 0, 10.0, 100, 109.0, None) | {"saved_step": 90}
+  assert not goodput.summarize({"attempts": [cut], "capacity": []}).finished
 
 
 def test_attempts_are_written_as_the_run_goes_and_end_with_their_outcome(tmp_path):

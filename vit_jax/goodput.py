@@ -277,7 +277,10 @@ def summarize(record: dict[str, list[dict[str, Any]]], now: float | None = None)
   return Summary(len(attempts), end - begin - unasked, training,
                  sum(c["active"] - c["requested"] for c in capacity), repeated_s, sum(repeated),
                  max(a["last_step"] for a in attempts), last["total_steps"],
-                 last["outcome"] == "finished", unasked)
+                 # Or its last step saved: a later start of the finished run (which only
+                 # evaluates) cut short leaves it finished.
+                 last["outcome"] == "finished"
+                 or max(a["saved_step"] for a in attempts) >= last["total_steps"], unasked)
 
 
 def duration(seconds: float) -> str:
