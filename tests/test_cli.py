@@ -113,7 +113,8 @@ def train_errors(f: Files) -> list[Case]:
             f"data.name='{tmp}/nowhere' is not a directory", False),
       train("image size not divisible by the patch",
             ["--config.data.image_size=30", "--config.model.dynamic_image_size=True"],
-            "data.image_size=30: not divisible by the model's patch stride 7", False),
+            "data.image_size=30: not divisible by the model's patch stride 7 (ViT with patch "
+            "7, width 32, depth 2, 2 heads, MLP 64); use a multiple of 7, e.g. 28", False),
       train("broken image", [f"--config.data.name={f.bad_image}",
                              "--config.data.eval_split=test"],
             f"Cannot decode image {f.bad_image}/train/a/0.png", False),

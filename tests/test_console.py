@@ -1,0 +1,29 @@
+"""vit_jax/tools/console.py's lines (the console of a whole run: test_e2e_console.py)."""
+import pytest
+
+from vit_jax.tools import console
+
+MAIN = {"accuracy": 0.8855, "top5_accuracy": 0.9978, "loss": 0.31764, "num_examples": 10000.0}
+LINES = {  # The metrics an evaluation returns: its console line.
+    "the run's own": (MAIN, "accuracy 88.55%, top-5 99.78%, loss 0.3176 (10,000 images)"),
+    "with the moving average's, on the same images": (
+        MAIN | {"ema_accuracy": 0.6566, "ema_top5_accuracy": 0.9811, "ema_loss": 0.93771,
+                "ema_num_examples": 10000.0},
+        "accuracy 88.55%, top-5 99.78%, loss 0.3176 (10,000 images); "
+        "ema: accuracy 65.66%, top-5 98.11%, loss 0.9377"),
+    "another evaluator's, on other images, and few-shot means": (
+        MAIN | {"imagenet_real_accuracy": 0.9012, "imagenet_real_num_examples": 49454.0,
+                "fewshot_fashion_mnist_10shot": 0.86691},
+        "accuracy 88.55%, top-5 99.78%, loss 0.3176 (10,000 images); "
+        "imagenet_real: accuracy 90.12% (49,454 images); fewshot_fashion_mnist_10shot 0.8669"),
+    "an evaluator's alone": (
+        {"minival_accuracy": 0.5, "minival_num_examples": 128.0},
+        "minival: accuracy 50.00% (128 images)"),
+}
+
+
+@pytest.mark.parametrize("metrics, line", LINES.values(), ids=LINES)
+def test_each_evaluators_metrics_read_alike_under_its_name(metrics, line):
+  """Every evaluator's accuracy as a percentage, its top-5 and loss beside it, its images
+  where they are not the run's: not `ema_accuracy 0.6566, ema_num_examples 10000.0000`."""
+  assert console.eval_text(metrics) == line
