@@ -65,6 +65,29 @@ def test_a_dry_run_prints_each_run(tiny_npz, capsys):
   assert "--config.data.name=task:vtab1k/cifar100" in lines[0]
   assert "--config.optimizer.lr=0.001" in lines[0] and "--config.data.eval_split=" in lines[0]
   assert lines[2].endswith("# --config.optimizer.lr: the rate chosen on minival")
+  # The recipe's 384 px fitted to the file's patches of 7 (384 would refuse every run).
+  assert all("--config.data.image_size=385 " in line for line in lines), lines[0]
+
+
+STRIDES = {"ViT-B_16": 384, "ViT-H_14": 378, "ViT-B_32": 384, "R50+ViT-B_16": 384,
+           "R26+ViT-S_32": 384}
+
+
+@pytest.mark.parametrize("name, size", STRIDES.items(), ids=STRIDES)
+def test_the_recipes_resolution_fits_the_models_patch_stride(name, size):
+  """Each run's images split into whole tokens: 384 px where the stride divides it, else the
+  nearest multiple of the stride (ViT-H/14: 378; at 384 every run of an H/14 was refused);
+  --image_size as given."""
+  from vit_jax import models
+  from vit_jax.checkpoint import description
+  described = description.Description(model=models.model_config(name), model_name=name,
+                                      image_size=224, num_classes=10)
+  task = tasks.resolve_or_custom("fashion_mnist")[0]
+  ft = protocol.fine_tunes("c.npz", task, protocol.Settings(lr_grid=(0.01,)), "/out")[0]
+  got = protocol.overrides(ft, protocol.Settings(lr_grid=(0.01,)), described)
+  assert got["data.image_size"] == size and size % models.create_model(name).stride == 0
+  given = protocol.overrides(ft, protocol.Settings(image_size=224, lr_grid=(0.01,)), described)
+  assert given["data.image_size"] == 224
 
 
 def test_an_image_folder_is_a_task_with_vtab_splits(digits_folder):

@@ -51,9 +51,7 @@ def finetune_command(ckpt: loader.Loaded, path: str, dataset: str = "cifar10") -
     base_fields = models.model_config(base)
     overrides = {f: getattr(model, f) for f in registry.SHAPE
                  if getattr(model, f) != base_fields.get(f, registry.default(f))}
-  size = finetune.IMAGE_SIZE
-  if size % model.stride:  # Images must split into whole tokens.
-    size = max(1, round(size / model.stride)) * model.stride
+  size = finetune.image_size(model.stride)
   args = ["vit-train", "--config",
           f"finetune:{registry.short_name(base)},{dataset}",
           "--workdir", "WORKDIR", f"--config.pretrained={path}"]

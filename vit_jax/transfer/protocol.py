@@ -42,7 +42,7 @@ _INHERITED = tuple(f for f in models.registry.DESCRIBED
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """What a sweep changes of the protocol (None: the paper's, or the task's)."""
-  image_size: int | None = None  # None: finetune.IMAGE_SIZE (384).
+  image_size: int | None = None  # None: 384 px, fitted to the patch stride (finetune.image_size).
   batch_size: int = 512
   steps: int | None = None  # None: the task's (the paper's Table 4).
   warmup_steps: int | None = None  # None: the recipe's 500, at most a tenth of the steps.
@@ -126,10 +126,20 @@ def overrides(ft: FineTune, settings: Settings, described: description.Descripti
       "data.name": sources.TASK_PREFIX + task.name if named else task.tfds_name,
       "data.data_dir": settings.data_dir, "data.train_split": train,
       "data.eval_split": evaluate,
-      "data.image_size": settings.image_size or finetune.IMAGE_SIZE,
+      "data.image_size": _image_size(settings, described),
       "batch_size": settings.batch_size, "total_steps": steps, "warmup_steps": warmup,
       "optimizer.lr": ft.lr, "eval_every_steps": None, "cpu_devices": settings.cpu_devices,
   }
+
+
+def _model(described: description.Description) -> models.VisionTransformer:
+  fields = {k.removeprefix("model."): v for k, v in _model_overrides(described).items()}
+  return models.create_model(model_name(described), num_classes=None, **fields)
+
+
+def _image_size(settings: Settings, described: description.Description) -> int:
+  """--image_size, else the recipe's 384 px fitted to the model's patch stride."""
+  return settings.image_size or finetune.image_size(_model(described).stride)
 
 
 def _accumulation(settings: Settings, described: description.Description) -> dict[str, int]:
@@ -137,9 +147,7 @@ def _accumulation(settings: Settings, described: description.Description) -> dic
   here in one step (footprint.accum_steps_for): the same 512 examples an update, in
   micro-batches; nothing where it fits."""
   from vit_jax.models import footprint
-  fields = {k.removeprefix("model."): v for k, v in _model_overrides(described).items()}
-  model = models.create_model(model_name(described), num_classes=None, **fields)
-  steps = footprint.accum_steps_for(model, settings.image_size or finetune.IMAGE_SIZE,
+  steps = footprint.accum_steps_for(_model(described), _image_size(settings, described),
                                     settings.batch_size, settings.cpu_devices or 1)
   return {"accum_steps": steps} if steps > 1 else {}
 
