@@ -1,7 +1,8 @@
 """Fine-tuning recipe: `--config finetune:b16,cifar10 --config.pretrained=ViT-B_16.npz`.
 
 SGD with momentum 0.9, batch 512, 500 warm-up steps then cosine decay, global-norm
-clipping at 1, no weight decay, 384 px (the position embeddings of the checkpoint are
+clipping at 1, no weight decay, 384 px or the multiple of the model's patch stride nearest it
+(378 for ViT-H/14; the position embeddings of the checkpoint are
 resized to the new grid), the head re-initialised to zeros for the new classes.
 """
 from vit_jax import models
@@ -28,9 +29,10 @@ def get_config(arg: str = "b16,cifar10"):
   model, dataset = arg.split(",")
   c = base_config()
   c.model_name = models.resolve_name(model)
+  stride = models.create_model(c.model_name, num_classes=None).stride
   c.data.update(name=dataset, train_split="train", eval_split=EVAL_SPLITS.get(dataset, "test"),
-                image_size=IMAGE_SIZE, train_crop="inception", inception_area=(0.05, 1.0), flip=True,
-                eval_crop="resize")
+                image_size=image_size(stride), train_crop="inception",
+                inception_area=(0.05, 1.0), flip=True, eval_crop="resize")
   c.batch_size = 512
   c.total_steps = TOTAL_STEPS.get(dataset, 10_000)
   c.warmup_steps = WARMUP_STEPS
