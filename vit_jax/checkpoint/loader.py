@@ -60,12 +60,15 @@ class Loaded:
 
   def summary(self) -> str:
     n = sum(np.size(x) for x in jax.tree.leaves(self.params))
-    label = desc_lib.model_label(self.model.name_in_registry,
-                                 models.registry.described_fields(self.model))
-    return (f"{label} from {self.source}: {n:,} "
+    return (f"{model_label(self.model)} from {self.source}: {n:,} "
             f"parameters, {self.model.num_classes or 'no'} classes, {self.image_size}px input, "
             f"{self.grid[0]}x{self.grid[1]} patches of {self.model.stride}px, "
             f"classifier={self.model.classifier!r}")
+
+
+def model_label(model: models.VisionTransformer) -> str:
+  """description.model_label of a built model: its registry name, or its shape."""
+  return desc_lib.model_label(model.name_in_registry, models.registry.described_fields(model))
 
 
 def _checked_name(flat: dict[str, np.ndarray], model_name: str,
