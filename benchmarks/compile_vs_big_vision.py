@@ -1,4 +1,4 @@
-"""vit_jax's pre-training train step beside big_vision's, compiled for Cloud TPU slices
+r"""vit_jax's pre-training train step beside big_vision's, compiled for Cloud TPU slices
 without a TPU (libtpu's compile-only devices; nothing runs): per-chip HBM, temporaries, the
 bytes and FLOPs XLA counts, the analytic FLOPs and the roofline bound, for the same model,
 batch (4096, ImageNet-21k's 21,843 sigmoid outputs) and precision. A markdown table on stdout.

@@ -1,4 +1,4 @@
-"""Inference images/s of a ViT in JAX and as the exported SavedModel, ONNX and TFLite models.
+r"""Inference images/s of a ViT in JAX and as the exported SavedModel, ONNX and TFLite models.
 
     PYTHONPATH=. python benchmarks/serving.py --model ViT-B_16 --image_size 224 --batch_size 8 \
         [--formats jax,savedmodel,onnx,tflite] [--checkpoint CKPT] [--json_out FILE] \

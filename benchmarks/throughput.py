@@ -1,4 +1,4 @@
-"""Training and inference images/s of vit_jax against timm, on one device.
+r"""Training and inference images/s of vit_jax against timm, on one device.
 
     python benchmarks/throughput.py --model ViT-B_16 --batch_size 256 --dtype bfloat16 \
         [--attention_impl auto] [--remat] [--timm both|eager|compile|off] [--json_out FILE]

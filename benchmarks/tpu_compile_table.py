@@ -1,4 +1,4 @@
-"""The paper's pre-training configs compiled for Cloud TPU slices without a TPU (libtpu's
+r"""The paper's pre-training configs compiled for Cloud TPU slices without a TPU (libtpu's
 compile-only devices; vit_jax/train/compile_check.py, what `vit-train --compile_only` runs):
 does each fit (or the first change that does), HBM per chip, FLOPs per chip per step from
 XLA beside the analytic count, and the roofline bound on images/s and on days for 90 epochs

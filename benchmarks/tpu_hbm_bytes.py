@@ -1,4 +1,4 @@
-"""Where a compiled TPU train step's bytes go: each instruction of the optimized HLO
+r"""Where a compiled TPU train step's bytes go: each instruction of the optimized HLO
 (`compiled.as_text()`, or a dump's `*.after_optimizations.txt`) with its operands' and outputs'
 bytes, grouped by the kind of work, beside XLA's own `bytes accessed` (cost_analysis), which the
 `--compile_only` roofline divides by the HBM bandwidth.

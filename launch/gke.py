@@ -1,4 +1,4 @@
-"""GKE: a training run as a JobSet, one pod per TPU VM of each slice, as XPK and MaxText
+r"""GKE: a training run as a JobSet, one pod per TPU VM of each slice, as XPK and MaxText
 launch JAX: on a cluster with a TPU node pool, for TPU7x (used through GKE only) or any of
 GKE's v4, v5e, v5p and v6e node pools.
 

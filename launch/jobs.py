@@ -1,4 +1,4 @@
-"""Independent single-process jobs, one per SLURM node, host or TPU VM: the tasks of a transfer
+r"""Independent single-process jobs, one per SLURM node, host or TPU VM: the tasks of a transfer
 sweep (`vit-transfer CKPT --suite vtab1k --out_dir DIR --launch slurm -- FLAGS` hands them
 here), or any list of vit_jax command lines.
 

@@ -1,4 +1,4 @@
-"""Multi-host GPU (or CPU) jobs: one `vit-train` process per GPU under SLURM, or one per
+r"""Multi-host GPU (or CPU) jobs: one `vit-train` process per GPU under SLURM, or one per
 host from a host list.
 
   # SLURM: 2 nodes x 8 GPUs; jax.distributed.initialize() reads SLURM's variables.

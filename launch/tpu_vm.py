@@ -1,4 +1,4 @@
-"""Cloud TPU VMs: create one (a single host or a pod slice), install this project on every
+r"""Cloud TPU VMs: create one (a single host or a pod slice), install this project on every
 worker, start a config's training job on all of them, follow the log, delete it.
 
   python launch/tpu_vm.py up --name vit --zone us-central2-b --accelerator-type v4-32 \

@@ -140,3 +140,32 @@ def project_imports(path: pathlib.Path) -> set[str]:
 def test_no_module_imports_more_than_ten_of_the_package(path):
   found = project_imports(path)
   assert len(found) <= MAX_PROJECT_IMPORTS, sorted(found)
+
+
+SOURCES = sorted(p for d in ("vit_jax", "launch", "benchmarks") for p in (REPO / d).rglob("*.py"))
+
+
+def continued_lines_lost(source: str) -> list[int]:
+  """Lines of docstrings in which a shell command's `\\` ends a line outside a raw string:
+  Python joins the two lines, and --help shows one long line with a gap where the break was."""
+  tree = ast.parse(source)
+  docs = [n.body[0].value for n in ast.walk(tree)
+          if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
+          and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)
+          and isinstance(n.body[0].value.value, str)]
+  return [d.lineno for d in docs
+          if "\\\n" in ast.get_source_segment(source, d)
+          and not ast.get_source_segment(source, d).lower().startswith("r")]
+
+
+def test_the_check_sees_a_continued_line_outside_a_raw_docstring():
+  command = '"""Usage:\n\n  vit-train --config quickstart \\\n      --workdir /tmp/w\n"""\n'
+  assert continued_lines_lost(command) == [1] and continued_lines_lost("r" + command) == []
+
+
+def test_usage_examples_keep_their_line_breaks():
+  """The launchers' and benchmarks' --help print their module docstring: its multi-line
+  commands must read there as they do in the source, `\\` and all."""
+  lost = {str(p.relative_to(REPO)): lines for p in SOURCES
+          if (lines := continued_lines_lost(p.read_text()))}
+  assert not lost, f"make these docstrings raw (r\"\"\"): {lost}"

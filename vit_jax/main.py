@@ -1,4 +1,4 @@
-"""`python -m vit_jax.main`, the official google-research/vision_transformer repository's
+r"""`python -m vit_jax.main`, the official google-research/vision_transformer repository's
 command, runs `vit-train` with vit-train's flags:
 
   python -m vit_jax.main --config finetune:b16,cifar10 --workdir /tmp/vit_ft \
