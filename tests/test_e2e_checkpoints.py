@@ -222,6 +222,40 @@ def test_a_lora_runs_adapters_export_alone_and_load_on_their_base(lora_run):
 
 
 @pytest.mark.slow
+def test_vit_inspect_says_what_lora_made_and_which_base_a_file_needs(lora_run, tmp_path):
+  """What each LoRA checkpoint is, on the report: the run's adapters merged; the adapters
+  file's base (as recorded, or as --base moved it); nothing for a plain file, the merged
+  export among them."""
+  from vit_jax import inspection
+  from vit_jax.tools import export, inspect_checkpoint
+  tmp, _, _ = lora_run
+  fields = {"lora_rank": 4, "lora_alpha": None, "lora_targets": ["query", "value", "Dense_1"]}
+  os.symlink(tmp / "base.npz", tmp_path / "moved.npz")
+  assert export.main([str(tmp / "run"), str(tmp_path / "whole.npz")]) == 0
+  for path, base, lora_fields, base_read in (
+      (tmp / "run", None, fields, None),
+      (tmp / "lora.npz", None, fields, str(tmp / "base.npz")),
+      (tmp / "lora.npz", tmp_path / "moved.npz", fields, str(tmp_path / "moved.npz")),
+      (tmp / "base.npz", None, None, None),
+      (tmp_path / "whole.npz", None, None, None)):
+    r, _ = inspection.report(str(path), base=base and str(base))
+    assert (r["lora"] and {**r["lora"], "lora_targets": list(r["lora"]["lora_targets"])},
+            r["lora_base"]) == (lora_fields, base_read), path
+    text = " ".join(inspect_checkpoint.format_text(r).split())
+    lora = [line for line in text.split("LoRA ")[1:]]
+    if not lora_fields:
+      assert not lora, text
+    elif base_read:
+      assert lora[0].startswith(
+          "rank 4 on query, value, Dense_1 (alpha = rank): this file holds the adapters and "
+          f"the head alone, merged here onto their base {base_read} (the arrays they were "
+          "trained on: checked by sha256), which must stay there or be given with --base"), text
+    else:
+      assert lora[0].startswith("rank 4 on query, value, Dense_1 (alpha = rank): the adapters "
+                                "come merged into the kernels above"), text
+
+
+@pytest.mark.slow
 def test_adapters_refuse_another_base_and_find_a_moved_one(lora_run, tmp_path):
   """The adapters record their base by content: another file at the base's path is refused
   naming both, a missing one says how to point at it, and --base (the library's base=) finds

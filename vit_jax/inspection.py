@@ -95,4 +95,5 @@ def report(path: str, model_name: str | None = None, dataset: str = "cifar10",
       "dtype": ", ".join(sorted({str(v.dtype) for v in flat.values()})),
       "head": head, "head_all_zeros": head == "zeros" if head != "none" else None,
       "finetune_command": finetune_command(ckpt, path, dataset),
+      "lora": opened.lora, "lora_base": opened.base,
   }, ckpt

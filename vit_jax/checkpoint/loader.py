@@ -115,6 +115,11 @@ class Opened:
   source: str  # The file or step directory read.
   reread: Callable[[], dict[str, np.ndarray]] = dataclasses.field(repr=False)
   arrays: dict[str, np.ndarray] | None = dataclasses.field(default=None, repr=False)
+  # A LoRA run's or adapters file's `lora.FIELDS`, whose adapters came merged into the
+  # kernels; for an adapters file, the base checkpoint read with them (the file holds no
+  # other arrays).
+  lora: dict[str, Any] | None = None
+  base: str | None = None
 
   @property
   def flat(self) -> dict[str, np.ndarray]:
@@ -162,7 +167,7 @@ def _open(path: str, base: str | None) -> Opened:
     raise FileNotFoundError(f"No checkpoint at {path}.")
   if p.is_dir():
     return _open_run(path, ema=False)
-  return _opened(path, lambda: _read_npz(str(path), base))
+  return _open_npz(str(path), base)
 
 
 def _opened(path: str, read_all: Callable[[], tuple[dict, Description, str]]) -> Opened:
@@ -181,9 +186,16 @@ def _open_run(path: str, ema: bool) -> Opened:
                           "step directory.")
   step_dir = run.latest_step_dir(run_dir)
   described = run.read_step_description(step_dir)
+  fields = _lora_fields(described)
   described = described.replace(model=lora.merged({}, described.model)[1])
   source = f"{specs.EMA_PREFIX}{step_dir}" if ema else str(step_dir)
-  return Opened(path, described, source, lambda: run.read_step(step_dir, ema)[0])
+  return Opened(path, described, source, lambda: run.read_step(step_dir, ema)[0], lora=fields)
+
+
+def _lora_fields(described: Description | None) -> dict[str, Any] | None:
+  if described is None or not described.model.get("lora_rank"):
+    return None
+  return {k: described.model[k] for k in lora.FIELDS if k in described.model}
 
 
 def _open_augreg(path: str) -> Opened:
@@ -198,20 +210,26 @@ def _open_augreg(path: str) -> Opened:
   return _opened(path, read_all)
 
 
-def _read_npz(path: str, base: str | None) -> tuple[dict, Description, str]:
-  flat, described = npz.split_description(npz.read_npz(path))
-  if described is not None and described.model.get("lora_rank"):
-    flat, described = _on_base(flat, described, path, base)
-  return flat, described or _released(flat), path
+def _open_npz(path: str, base: str | None) -> Opened:
+  """An .npz: a released or exported checkpoint, or a LoRA adapters file merged onto its
+  base (`base`, else the one it records), both read again by `reread`."""
+  def read_all() -> tuple[dict, Description, dict | None]:
+    flat, described = npz.split_description(npz.read_npz(path))
+    if not (fields := _lora_fields(described)):
+      return flat, described or _released(flat), None
+    return *_on_base(flat, described, path, base or described.parent), fields
+
+  flat, described, fields = read_all()
+  return Opened(path, described, path, lambda: read_all()[0], flat, fields,
+                (base or described.parent) if fields else None)
 
 
 def _on_base(adapters: dict[str, np.ndarray], described: Description, path: str,
              base_path: str | None) -> tuple[dict[str, np.ndarray], Description]:
   """A LoRA adapters file (`export_adapters`) on its base checkpoint, the run's
   config.pretrained (or `base_path`), fitted as the run fitted it; merged."""
-  if not described.parent:
+  if not base_path:
     raise CheckpointError(f"{path} holds LoRA adapters but names no base checkpoint.")
-  base_path = base_path or described.parent
   point = "give the base they were trained on with --base PATH (loader.load(..., base=PATH))"
   try:
     base = open_checkpoint(base_path).flat

@@ -91,6 +91,25 @@ def _head_lines(r: dict[str, Any]) -> list[tuple[str, str]]:
   return lines
 
 
+def _lora_line(r: dict[str, Any]) -> str:
+  fields = r["lora"]
+  rank, alpha = fields["lora_rank"], fields.get("lora_alpha")
+  line = (f"rank {rank} on {', '.join(fields['lora_targets'])} "
+          f"({f'alpha {alpha:g}' if alpha is not None else 'alpha = rank'}): ")
+  if not r["lora_base"]:
+    return _fill(line + "the adapters come merged into the kernels above")
+  checked = (" (the arrays they were trained on: checked by sha256)"
+             if r["description"]["parent_sha256"] else "")
+  return _fill(
+      f"{line}this file holds the adapters and the head alone, merged here onto their base "
+      f"{r['lora_base']}{checked}, which must stay there or be given with --base")
+
+
+def _fill(text: str) -> str:
+  """Lines of 75 characters at most that break no path."""
+  return textwrap.fill(text, 75, break_on_hyphens=False, break_long_words=False)
+
+
 # Preprocessing.crop in words ({} is central_crop_fraction).
 _CROP_WORDS = {"resize": "resized",
                "central_crop": "shorter side to size / {:g}, central crop",
@@ -146,6 +165,8 @@ def format_text(r: dict[str, Any]) -> str:
            ("pooling", f"{r['pooling']} ({POOLING[r['pooling']]})"),
            ("position emb.", _posemb_line(r)), ("pre-logits", pre_logits)]
   rows += _head_lines(r) + [("parameters", f"{r['parameters']:,} ({r['dtype']})")]
+  if r["lora"]:
+    rows.append(("LoRA", _lora_line(r)))
   rows += _description_lines(r["description"]) + [("fine-tune", r["finetune_command"])]
   if r.get("figures"):
     rows += [("figures", "\n".join(r["figures"].values()))]
