@@ -453,12 +453,17 @@ def test_image_folder_resume_and_process_shards(tmp_path, cache, randaug):
   assert collections.Counter(shards[0] + shards[1]) == collections.Counter(whole)
 
 
-@pytest.mark.parametrize("split", ["train[:1000]", "test[90%:]", "train[59990:]"])
-def test_class_counts_of_a_tfds_split_are_those_of_its_labels(dataset, split):
+@pytest.mark.parametrize("split, data_dir", [
+    ("train[:1000]", "absolute"), ("test[90%:]", "absolute"), ("train[59990:]", "absolute"),
+    ("test[90%:]", "relative")])
+def test_class_counts_of_a_tfds_split_are_those_of_its_labels(dataset, split, data_dir):
   """data.class_counts parses a TFDS split's records for their label alone (few-shot's check
-  before work, on splits of any size): the counts of the labels tfds.load gives."""
+  before work, on splits of any size): the counts of the labels tfds.load gives, with
+  data.data_dir as given (`--data_dir=../data` read its files at ../data/NAME/V/../data/...)."""
   cfg = data.get_data_config()
   cfg.name, cfg.data_dir = dataset
+  if data_dir == "relative":
+    cfg.data_dir = os.path.relpath(dataset[1])
   cfg.train_split = split
   raw = tfds.load(dataset[0], data_dir=dataset[1], split=split, as_supervised=True,
                   download=False)

@@ -197,7 +197,7 @@ class TfdsSource:
         or not isinstance(key, str) or key not in serialized):
       labels = self.read(split, 0, 1).map(preprocess.traced(lambda e: e["label"]))
     else:
-      parts = [tf.data.TFRecordDataset(os.path.join(self._builder.data_dir, f.filename))
+      parts = [tf.data.TFRecordDataset(f.filename)  # The shard's path, data_dir's included.
                .skip(f.skip).take(f.take) for f in info.splits[split].file_instructions]
       spec = {key: tf.io.FixedLenFeature([], serialized[key].dtype)}
       labels = functools.reduce(tf.data.Dataset.concatenate, parts).batch(1 << 12).map(

@@ -54,7 +54,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   p.add_argument("--list", metavar="SUITE", help="print the tasks of a suite (or `all`)")
   p.add_argument("--format", choices=("text", "json"), default="text", help="of --list")
   p.add_argument("--dry_run", action="store_true", help="print the runs, run none")
-  p.add_argument("--image_size", type=int, default=None, help="default: 384")
+  p.add_argument("--image_size", type=int, default=None,
+                 help="default: 384, or the multiple of the patch stride nearest it")
   p.add_argument("--batch_size", type=int, default=512)
   p.add_argument("--steps", type=int, default=None, help="default: the task's (the paper's)")
   p.add_argument("--warmup_steps", type=int, default=None)
