@@ -33,7 +33,7 @@ class Loaded:
   # Of the loaded model: `image_size` is the one params fit (a model with dynamic_image_size
   # keeps the checkpoint's grid and runs at any size; this is the default it was asked for).
   description: Description
-  source: str  # The file or step directory read.
+  source: str  # The file or step directory read (a local one by its absolute path).
 
   @classmethod
   def from_model(cls, model: models.VisionTransformer, params: dict[str, Any], image_size: int,
@@ -112,7 +112,7 @@ class Opened:
   keeps its set-up, and a ViT-g's arrays are GBs); asked for again, they are read again."""
   path: str  # As asked for: a spec (`hf-hub:`, `augreg:`, `ema:`) or a file or folder.
   description: Description
-  source: str  # The file or step directory read.
+  source: str  # The file or step directory read (a local one by its absolute path).
   reread: Callable[[], dict[str, np.ndarray]] = dataclasses.field(repr=False)
   arrays: dict[str, np.ndarray] | None = dataclasses.field(default=None, repr=False)
   # A LoRA run's or adapters file's `lora.FIELDS`, whose adapters came merged into the
@@ -161,7 +161,7 @@ def _open(path: str, base: str | None) -> Opened:
   if specs.is_augreg(path):
     return _open_augreg(path)
   if specs.is_hub(path) or specs.is_hub_folder(path):
-    return _opened(path, lambda: hub.read(path))
+    return _opened(path, lambda: hub.read(specs.absolute(path)))
   p = epath.Path(path)
   if not p.exists():
     raise FileNotFoundError(f"No checkpoint at {path}.")
@@ -188,7 +188,7 @@ def _open_run(path: str, ema: bool) -> Opened:
   described = run.read_step_description(step_dir)
   fields = _lora_fields(described)
   described = described.replace(model=lora.merged({}, described.model)[1])
-  source = f"{specs.EMA_PREFIX}{step_dir}" if ema else str(step_dir)
+  source = f"{specs.EMA_PREFIX if ema else ''}{run.absolute(step_dir)}"
   return Opened(path, described, source, lambda: run.read_step(step_dir, ema)[0], lora=fields)
 
 
@@ -220,7 +220,7 @@ def _open_npz(path: str, base: str | None) -> Opened:
     return *_on_base(flat, described, path, base or described.parent), fields
 
   flat, described, fields = read_all()
-  return Opened(path, described, path, lambda: read_all()[0], flat, fields,
+  return Opened(path, described, specs.absolute(path), lambda: read_all()[0], flat, fields,
                 (base or described.parent) if fields else None)
 
 
