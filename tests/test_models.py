@@ -235,7 +235,8 @@ def test_unknown_option_is_named():
 @pytest.mark.parametrize("shape,message", [
     ((32, 32, 3), "Expected images of shape \\(batch, height, width, 3\\)"),
     ((1, 32, 32, 1), "Expected images of shape \\(batch, height, width, 3\\)"),
-    ((1, 36, 32, 3), "36x32 is not divisible by the model's patch stride 8"),
+    ((1, 36, 32, 3), "36x32 is not divisible by the model's patch stride 8: use a size that "
+                     "is a multiple of 8, e.g. 32"),  # Unnamed: no "(model)" after the stride.
 ])
 def test_bad_images_are_explained(shape, message):
   model = models.create_model("ViT-Ti_16", num_classes=5, patch_size=8, **TINY)

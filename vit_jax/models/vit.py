@@ -360,8 +360,8 @@ class VisionTransformer(nn.Module):
     h, w = images.shape[1:3]
     if h % self.stride or w % self.stride:
       raise ValueError(
-          f"Image size {h}x{w} is not divisible by the model's patch stride "
-          f"{self.stride} ({self.name_in_registry or 'model'}): use a size that is a "
+          f"Image size {h}x{w} is not divisible by the model's patch stride {self.stride}"
+          f"{f' ({self.name_in_registry})' if self.name_in_registry else ''}: use a size that is a "
           f"multiple of {self.stride}, e.g. {max(h // self.stride, 1) * self.stride}.")
 
   @property
