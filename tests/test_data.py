@@ -548,6 +548,10 @@ def test_a_name_spelled_as_a_path_is_a_folder_there_or_not(name, kind):
   name is a dataset unless it is a directory here."""
   assert sources.kind_of(name) == kind
   assert data_config.is_folder(name) == (kind == "folder")
+  # What a run's checkpoints record as their dataset: a local folder wherever it is read.
+  local = {"./no_such_folder": os.path.abspath("no_such_folder"),
+           "~/no_such": os.path.join(os.path.expanduser("~"), "no_such")}
+  assert data.located(name) == local.get(name, name)
 
 
 def test_a_transfer_task_of_a_missing_folder_is_refused_as_a_folder(tmp_path):

@@ -287,20 +287,22 @@ def test_adapters_refuse_another_base_and_find_a_moved_one(lora_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_paths_a_checkpoint_records_hold_from_any_directory(lora_run, dataset, tmp_path,
-                                                           monkeypatch):
+def test_paths_a_checkpoint_records_hold_from_any_directory(lora_run, dataset, digits_folder,
+                                                           tmp_path, monkeypatch):
   """Checkpoints given relative to the working directory are recorded by their absolute
   paths: the base a LoRA run was fine-tuned from (which its adapters file is opened on) and
   what each export was read from, through every way a checkpoint is read; the files open from
-  another directory. (`config.pretrained=base.npz` made adapters that opened from nowhere
-  else: 'the base checkpoint ..., base.npz, is not there'.)"""
+  another directory, and a run on an image folder records where the folder is.
+  (`config.pretrained=base.npz` made adapters that opened from nowhere else: 'the base
+  checkpoint ..., base.npz, is not there'.)"""
   tmp, merged, _ = lora_run
   work = tmp_path / "work"
   shutil.copytree(tmp / "run", work / "run")
   shutil.copy(tmp / "base.npz", work)
   monkeypatch.chdir(work)
   c = tiny_config(dataset, total_steps=2, pretrained="base.npz", **{
-      "lora.rank": 4, "lora.targets": ("query", "value", "Dense_1")})
+      "lora.rank": 4, "lora.targets": ("query", "value", "Dense_1"),
+      "data.name": os.path.relpath(digits_folder)})
   loop.train_and_evaluate(c, "lora_run")
   loader.export_adapters("lora_run", "adapters.npz")
   step = work / "run" / "checkpoints" / "3"
@@ -311,7 +313,8 @@ def test_paths_a_checkpoint_records_hold_from_any_directory(lora_run, dataset, t
   assert convert.export("run", "model.tflite", "tflite").loaded.description.exported_from == (
       str(step))
   monkeypatch.chdir(tmp_path)
-  assert loader.describe(str(work / "lora_run")).parent == str(work / "base.npz")
+  described = loader.describe(str(work / "lora_run"))
+  assert (described.parent, described.dataset) == (str(work / "base.npz"), digits_folder)
   assert loader.describe(str(work / "adapters.npz")).parent == str(work / "base.npz")
   on_base = loader.load(str(work / "adapters.npz"))
   assert on_base.source == str(work / "adapters.npz")

@@ -130,6 +130,11 @@ class Opened:
   def release(self) -> None:
     self.arrays = None
 
+  @property
+  def located(self) -> str:
+    """`path` as a record names it: a local file or folder by its absolute path."""
+    return specs.absolute(self.path)
+
   def sha256(self) -> str:
     """The arrays' identity by content (`npz.arrays_sha256`): what LoRA adapters record."""
     return npz.arrays_sha256(self.flat)

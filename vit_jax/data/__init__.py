@@ -13,6 +13,7 @@ _EXPORTS = {
     "dataset_info": "pipeline",
     "eval_iterator": "pipeline",
     "get_data_config": "config",
+    "located": "config",
     "prepare_fashion_mnist": "fashion_mnist",
     "train_iterator": "pipeline",
     "value_range": "config",

@@ -76,6 +76,14 @@ def is_folder(name: str) -> bool:
   return name.startswith(("/", ".", "~")) or "://" in name or os.path.isdir(name)
 
 
+def located(name: str) -> str:
+  """data.name as a run's checkpoints record it: a local image folder by its absolute path
+  (`./photos` means nothing from elsewhere), a dataset or a URL as it is."""
+  if not is_folder(name) or "://" in name:
+    return name
+  return os.path.abspath(os.path.expanduser(name))
+
+
 def _check(ok: bool, field: str, value, why: str) -> None:
   check(ok, f"data.{field}", value, why)
 

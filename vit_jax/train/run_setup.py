@@ -15,7 +15,7 @@ import optax
 
 from vit_jax import data, models
 from vit_jax.checkpoint import description as desc_lib
-from vit_jax.checkpoint import loader, specs
+from vit_jax.checkpoint import loader
 from vit_jax.checkpoint.loader import Opened  # What from_config takes: config.pretrained, read.
 from vit_jax.models import attention, lora
 from vit_jax.train import config as config_lib
@@ -194,8 +194,9 @@ class RunSetup:
         num_classes=self.model.num_classes,
         image_size=c.data.image_size, class_names=self.class_names,
         preprocessing=desc_lib.Preprocessing.from_data_config(c.data),
-        output=desc_lib.output_of_loss(c.loss), dataset=c.data.name,
-        parent=c.pretrained and specs.absolute(c.pretrained), parent_sha256=self.parent_sha256, config=_jsonable(c.to_dict()))
+        output=desc_lib.output_of_loss(c.loss), dataset=data.located(c.data.name),
+        parent=self.pretrained.located if self.pretrained else c.pretrained,
+        parent_sha256=self.parent_sha256, config=_jsonable(c.to_dict()))
 
   @classmethod
   def from_config(cls, c: ml_collections.ConfigDict, workdir: str,
