@@ -212,6 +212,11 @@ def other_errors(f: Files, model: str) -> list[Case]:
       Case("vit-fewshot", "unknown dataset", [model, "--datasets=nosuch", "--out_dir",
                                               str(tmp / "f")],
            "--datasets='nosuch' is neither a TFDS dataset", False, (str(tmp / "f"),)),
+      Case("vit-fewshot", "broken image", [model, f"--datasets={f.bad_image}", "--out_dir",
+                                           str(tmp / "f2")],
+           f"Cannot decode image {f.bad_image}/train/a/0.png (1 undecodable in "
+           f"{f.bad_image}/train). Replace or delete it, or pass --on_bad_image=skip to leave "
+           "such files out.", False, (str(tmp / "f2"),)),
       Case("vit-transfer", "missing checkpoint", [MISSING, "--suite", "fashion_mnist",
                                                   "--out_dir", str(tmp / "t1")], MISSING,
            not_written=(str(tmp / "t1"),)),
@@ -302,7 +307,7 @@ def test_every_command_answers_an_input_error_with_one_line_and_status_2(tmp_pat
                    f"{tf_loaded}, Keras loaded: {keras_loaded}, left behind: {left}, "
                    f"stderr:\n{r.stderr[-1500:]}")
   assert not wrong, "\n\n".join(wrong)
-  assert len(own) - sum(own) == 5  # fewshot's 2, transfer's 2, predict's 1.
+  assert len(own) - sum(own) == 6  # fewshot's 3, transfer's 2, predict's 1.
   assert (files.users / "notes.txt").read_text() == "mine"  # vit-export refused to replace it.
 
 

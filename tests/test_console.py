@@ -27,3 +27,26 @@ def test_each_evaluators_metrics_read_alike_under_its_name(metrics, line):
   """Every evaluator's accuracy as a percentage, its top-5 and loss beside it, its images
   where they are not the run's: not `ema_accuracy 0.6566, ema_num_examples 10000.0000`."""
   assert console.eval_text(metrics) == line
+
+
+NEXT = {  # A run's data: vit-train's suggested few-shot command, which must read it as the run did.
+    "a TFDS dataset": (dict(dataset="fashion_mnist", data_dir=None, skip_bad_images=False),
+                       "--datasets=fashion_mnist"),
+    "in its own data_dir": (dict(dataset="mnist", data_dir="../data", skip_bad_images=False),
+                            "--datasets=mnist --data_dir=../data"),
+    "an image folder whose undecodable files the run left out": (
+        dict(dataset="./photos", data_dir=None, skip_bad_images=True),
+        "--datasets=./photos --on_bad_image=skip"),
+}
+
+
+@pytest.mark.parametrize("data, flags", NEXT.values(), ids=NEXT)
+def test_the_suggested_fewshot_command_reads_the_data_as_the_run_did(data, flags):
+  from vit_jax.train import loop
+  out = console.Console(None, "/tmp/w/train.log")
+  out.run = loop.RunInfo(
+      workdir="/tmp/w", checkpoints="/tmp/w/checkpoints", model="ViT-Ti_16", parameters=1,
+      trained_parameters=1, num_classes=10, image_size=28, batch_size=64, total_steps=10,
+      start_step=0, epochs=None, pretrained=None, devices=1, platform="cpu", processes=1, **data)
+  [line] = [x for x in out._where() if "vit-fewshot" in x]
+  assert line.split("vit-fewshot ", 1)[1] == f"/tmp/w {flags}    # few-shot probes"

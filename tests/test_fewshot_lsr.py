@@ -1,6 +1,7 @@
 """Few-shot linear probes (evaluators/fewshot_lsr.py): the solver against SciPy's least squares,
 sampling, errors, batches preprocessed as the checkpoint records; and vit-fewshot's sweep
 (tools/fewshot.py) reporting in its own flags."""
+import ml_collections
 import numpy as np
 import pytest
 import scipy.linalg
@@ -139,6 +140,44 @@ def test_a_failed_checkpoint_fails_the_sweep_after_the_others_ran(tmp_path, caps
   assert (out / "fewshot.csv").read_text().count(good) == 2  # Its 1- and 2-shot rows.
 
 
+def _folder_with_a_broken_image(root):
+  images = np.random.default_rng(0).integers(0, 255, (2, 13, 16, 16, 3), np.uint8)
+  for split, n in (("train", 12), ("test", 1)):
+    for c, name in enumerate("ab"):
+      (root / split / name).mkdir(parents=True)
+      for i in range(n):
+        Image.fromarray(images[c, i]).save(root / split / name / f"{i}.png")
+  (root / "train" / "a" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+  return str(root)
+
+
+def test_a_folders_undecodable_files_are_left_out_where_asked(tmp_path, capsys, monkeypatch):
+  """vit-fewshot --on_bad_image=skip probes a folder that holds a file no decoder reads (what
+  a run trained with data.on_bad_image='skip' suggests next); a run's few-shot evaluator reads
+  its folders as the run's data option says."""
+  from vit_jax.evaluators import registry
+  from vit_jax.tools import fewshot
+  folder = _folder_with_a_broken_image(tmp_path / "photos")
+  good = tiny_serving_checkpoint(tmp_path / "good.npz", "plain")
+  args = [good, f"--datasets={folder}", "--image_size=16", "--shots=1,2", "--seeds=1"]
+  assert fewshot.main([*args, f"--out_dir={tmp_path / 'refused'}"]) == 2
+  assert "pass --on_bad_image=skip" in capsys.readouterr().err
+  assert fewshot.main([*args, "--on_bad_image=skip", f"--out_dir={tmp_path / 'out'}"]) == 0
+  assert (tmp_path / "out" / "fewshot.csv").read_text().count(good) == 2
+  read = []
+  monkeypatch.setattr(fewshot_lsr, "fewshot_datasets", lambda names, reading, *a: read.append(
+      reading) or {})
+  for on_bad_image in ("fail", "skip"):
+    run_data = ml_collections.ConfigDict(dict(on_bad_image=on_bad_image, image_size=16))
+    context = registry.EvalContext(None, run_data, "softmax_xent", 8, None,
+                                   description.Preprocessing())
+    fewshot_lsr.create(ml_collections.ConfigDict(dict(
+        datasets=(folder,), data_dir=None, train_split="train", test_split="test", shots=(1,),
+        seeds=1, l2=(1.0,))), context)
+  assert read == [fewshot_lsr.Reading(on_bad_image="fail"), fewshot_lsr.Reading(
+      on_bad_image="skip")]
+
+
 def test_the_examples_held_out_for_l2_shrink_to_what_small_classes_spare():
   assert fewshot_lsr.held_out_per_class([50, 40, 60], (1, 5, 25)) == 10
   assert fewshot_lsr.held_out_per_class([3, 5, 4], (1, 2)) == 1
@@ -154,7 +193,8 @@ def test_fewshot_batches_are_preprocessed_as_the_checkpoint_was(dataset):
   mesh = sharding.make_mesh()
   for value_range in (VALUE_RANGE, (-1.0, 1.0)):
     batches, _ = fewshot_lsr.dataset_batches(
-        *dataset, "test[:32]", 28, 32, sharding.batch_sharding(mesh),
+        dataset[0], fewshot_lsr.Reading(dataset[1]), "test[:32]", 28, 32,
+        sharding.batch_sharding(mesh),
         description.Preprocessing(value_range))
     images = np.asarray(next(batches())["image"])
     assert (images.min(), images.max()) == pytest.approx(value_range, abs=0.01)
@@ -186,8 +226,8 @@ def test_a_split_smaller_than_the_batch_is_one_batch_of_its_size(digits_folder):
   """20 images are not padded to a batch of 256 (each padded image ran the model, at 518 px
   ~0.5 GB apiece): the batch is the split's size, split over the devices."""
   mesh = sharding.make_mesh()
-  batches, _ = fewshot_lsr.dataset_batches(digits_folder, None, "test[:20]", 16, 256,
-                                           sharding.batch_sharding(mesh))
+  batches, _ = fewshot_lsr.dataset_batches(digits_folder, fewshot_lsr.Reading(), "test[:20]",
+                                           16, 256, sharding.batch_sharding(mesh))
   [batch] = list(batches())
   assert batch["image"].shape[0] == -(-20 // mesh.size) * mesh.size
   assert int(np.sum(batch["mask"])) == 20

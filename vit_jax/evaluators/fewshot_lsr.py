@@ -103,33 +103,39 @@ def compute_features(repr_fn: Callable, batches: Iterable[dict]) -> tuple[np.nda
   return np.concatenate(feats), np.concatenate(labels)
 
 
-def _data_config(name: str, data_dir: str | None, split: str, download: bool,
-                 **fields) -> ml_collections.ConfigDict:
+@dataclasses.dataclass(frozen=True)
+class Reading:
+  """Where and how the probes' datasets are read: config.data's fields of those names."""
+  data_dir: str | None = None  # TFDS's.
+  download: bool = False  # TFDS's.
+  on_bad_image: str = "fail"  # Image folders' undecodable files: 'fail' or 'skip'.
+
+
+def _data_config(name: str, reading: Reading, split: str, **fields) -> ml_collections.ConfigDict:
   cfg = data.get_data_config()
-  cfg.update(name=name, data_dir=data_dir, eval_split=split, train_split=split,
-             download=download, **fields)
+  cfg.update(name=name, eval_split=split, train_split=split, **dataclasses.asdict(reading),
+             **fields)
   return cfg
 
 
-def check_shots(name: str, data_dir: str | None, split: str, shots: Sequence[int],
-                download: bool = False, val_per_class: int = 10) -> None:
+def check_shots(name: str, reading: Reading, split: str, shots: Sequence[int],
+                val_per_class: int = 10) -> None:
   """Raises ValueError (held_out_per_class's) where a class of `split` has too few examples
   for the shots and the held-out ones: before any model runs, for a split of any size. Its
   labels are counted without an image decoded (data.class_counts: a folder's listing, a TFDS
   split's records with their label alone parsed, ~11 us each on two cores)."""
-  cfg = _data_config(name, data_dir, split, download)
+  cfg = _data_config(name, reading, split)
   held_out_per_class(data.class_counts(cfg), shots, val_per_class,
                      data.dataset_info(cfg).class_names)
 
 
-def dataset_batches(name: str, data_dir: str | None, split: str, image_size: int,
+def dataset_batches(name: str, reading: Reading, split: str, image_size: int,
                     batch_size: int, sharding: "Sharding",
-                    preprocessing: Preprocessing = Preprocessing(),
-                    download: bool = False) -> tuple[Callable, int]:
+                    preprocessing: Preprocessing = Preprocessing()) -> tuple[Callable, int]:
   """A callable giving one masked pass over `split` of a dataset, preprocessed as the model
   expects, and its class count. Batches hold no more than the split (padded to split over the
   devices): 20 images are not padded to a batch of 256, each of which the model would compute."""
-  cfg = _data_config(name, data_dir, split, download, image_size=image_size)
+  cfg = _data_config(name, reading, split, image_size=image_size)
   info = data.dataset_info(cfg)
   devices = len(sharding.device_set)
   batch_size = min(batch_size, -(-info.num_eval_examples // devices) * devices)
@@ -137,17 +143,17 @@ def dataset_batches(name: str, data_dir: str | None, split: str, image_size: int
                                      preprocessing=preprocessing), info.num_classes)
 
 
-def fewshot_datasets(names: Sequence[str], data_dir: str | None, train_split: str,
+def fewshot_datasets(names: Sequence[str], reading: Reading, train_split: str,
                      test_split: str, image_size: int, batch_size: int, sharding: "Sharding",
-                     preprocessing: Preprocessing = Preprocessing(),
-                     download: bool = False) -> dict[str, tuple[Callable, Callable, int]]:
+                     preprocessing: Preprocessing = Preprocessing()
+                     ) -> dict[str, tuple[Callable, Callable, int]]:
   """What FewShotEvaluator takes: per dataset, (train batches, test batches, class count)."""
   out = {}
   for name in names:
-    train, num_classes = dataset_batches(name, data_dir, train_split, image_size, batch_size,
-                                         sharding, preprocessing, download)
-    test, _ = dataset_batches(name, data_dir, test_split, image_size, batch_size, sharding,
-                              preprocessing, download)
+    train, num_classes = dataset_batches(name, reading, train_split, image_size, batch_size,
+                                         sharding, preprocessing)
+    test, _ = dataset_batches(name, reading, test_split, image_size, batch_size, sharding,
+                              preprocessing)
     out[name] = (train, test, num_classes)
   return out
 
@@ -282,7 +288,9 @@ def validate(cfg: ml_collections.ConfigDict, field: str) -> None:
 
 
 def create(cfg: ml_collections.ConfigDict, context: "EvalContext") -> FewShotEvaluator:
-  datasets = fewshot_datasets(cfg.datasets, cfg.data_dir, cfg.train_split, cfg.test_split,
+  # Image folders' undecodable files are treated as the run's own data treats them.
+  reading = Reading(cfg.data_dir, on_bad_image=context.data.on_bad_image)
+  datasets = fewshot_datasets(cfg.datasets, reading, cfg.train_split, cfg.test_split,
                               context.data.image_size, context.batch_size, context.sharding,
                               context.preprocessing)
   watched = {name: (lambda train=train: context.watch(train()),

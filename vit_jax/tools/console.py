@@ -169,7 +169,8 @@ class Console:
 
   def _where(self) -> list[str]:
     r, w = self.run, self.run.workdir
-    data = f" --data_dir={r.data_dir}" if r.data_dir else ""
+    data = (f" --data_dir={r.data_dir}" if r.data_dir else "") + (
+        " --on_bad_image=skip" if r.skip_bad_images else "")
     return [f"Checkpoint:  {r.checkpoints}/{self.step_at}",
             f"TensorBoard: tensorboard --logdir {w}",
             f"Log:         {self.log_file}",

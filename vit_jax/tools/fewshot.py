@@ -23,7 +23,7 @@ from vit_jax.transfer import fewshot_sweep
 _DATA_OPTIONS = {"name": "--datasets", "data_dir": "--data_dir", "download": "pass --download",
                  "no_download": "no --download", "train_split": "--train_split",
                  "eval_split": "--test_split", "relax_class_mismatch": "",
-                 "skip_bad_images": ""}
+                 "skip_bad_images": ", or pass --on_bad_image=skip to leave such files out"}
 
 
 def _ints(s: str) -> list[int]:
@@ -40,6 +40,8 @@ def parser() -> argparse.ArgumentParser:
                  help="comma-separated TFDS names or image folders (ROOT/<split>/<class>/*)")
   p.add_argument("--data_dir", default=None, help="TFDS data directory")
   p.add_argument("--download", action="store_true", help="let TFDS download missing datasets")
+  p.add_argument("--on_bad_image", choices=("fail", "skip"), default="fail",
+                 help="image folders' undecodable files: an error, or left out with a warning")
   p.add_argument("--train_split", default="train", help="pool the shots are drawn from")
   p.add_argument("--test_split", default="test")
   p.add_argument("--image_size", type=int, default=None,
@@ -77,10 +79,11 @@ def main(argv: list[str]) -> int:
   logs.start_tensorflow()
   cli.check_not_exported([*paths, args.base or ""])
   try:
+    reading = fewshot_lsr.Reading(args.data_dir, args.download, args.on_bad_image)
     _, failures = fewshot_sweep.sweep(
-        paths, args.model, args.datasets.split(","), args.data_dir, args.train_split,
+        paths, args.model, args.datasets.split(","), reading, args.train_split,
         args.test_split, args.image_size, args.batch_size, args.shots, args.seeds, args.l2,
-        args.out_dir, args.download, args.base, args.representation, attempt=jobs.attempt,
+        args.out_dir, args.base, args.representation, attempt=jobs.attempt,
         log=lambda line: print(line, flush=True))
   except data.DataOptionError as e:  # A dataset that cannot be read: nothing to probe on.
     return cli.input_error(e.worded(_DATA_OPTIONS))

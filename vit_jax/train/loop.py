@@ -79,6 +79,7 @@ class RunInfo:
   trained_parameters: int  # Fewer than `parameters` where some are frozen (or LoRA's base).
   dataset: str
   data_dir: str | None
+  skip_bad_images: bool  # config.data.on_bad_image='skip'.
   num_classes: int
   image_size: int
   batch_size: int  # Images per train step: config.batch_size / config.accum_steps.
@@ -106,7 +107,8 @@ def _run_info(setup: run_setup.RunSetup, state: trainer.TrainState, start: int) 
       workdir=setup.workdir, checkpoints=str(run.checkpoint_dir(setup.workdir)),
       model=setup.description.model_label,
       parameters=_count(state.params), trained_parameters=_count(setup.trained(state.params)),
-      dataset=c.data.name, data_dir=c.data.data_dir, num_classes=setup.model.num_classes,
+      dataset=c.data.name, data_dir=c.data.data_dir,
+      skip_bad_images=c.data.on_bad_image == "skip", num_classes=setup.model.num_classes,
       image_size=c.data.image_size, batch_size=setup.micro_batch, total_steps=setup.loop_steps,
       start_step=start, epochs=c.get("total_epochs"), pretrained=c.pretrained,
       devices=setup.mesh.size, platform=setup.mesh.devices.flat[0].platform,

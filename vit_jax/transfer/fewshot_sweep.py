@@ -118,13 +118,13 @@ def _batch(ckpt: "loader.Loaded", wanted: int, log: Callable[[str], None]) -> in
   return batch
 
 
-def check_shots(datasets: Sequence[str], data_dir: str | None, train_split: str,
-                shots: Sequence[int], download: bool) -> None:
+def check_shots(datasets: Sequence[str], reading: fewshot_lsr.Reading, train_split: str,
+                shots: Sequence[int]) -> None:
   """Refuses shots that a class of a dataset's train split cannot give, with the examples held
   out to choose the l2 value on, before any checkpoint loads."""
   for name in datasets:
     try:
-      fewshot_lsr.check_shots(name, data_dir, train_split, shots, download)
+      fewshot_lsr.check_shots(name, reading, train_split, shots)
     except data.DataOptionError:
       raise
     except ValueError as e:
@@ -133,9 +133,10 @@ def check_shots(datasets: Sequence[str], data_dir: str | None, train_split: str,
 
 
 def sweep(checkpoints: Sequence[str], model_name: str | None, datasets: Sequence[str],
-          data_dir: str | None, train_split: str, test_split: str, image_size: int | None,
+          reading: fewshot_lsr.Reading, train_split: str, test_split: str,
+          image_size: int | None,
           batch_size: int, shots: Sequence[int], seeds: int, l2_regs: Sequence[float],
-          out_dir: str, download: bool = False, base: str | None = None,
+          out_dir: str, base: str | None = None,
           representation: str = "pre_logits", *, attempt: Attempt,
           log: Callable[[str], None] = print) -> tuple[list[dict], dict[str, str]]:
   """Probes every checkpoint on every dataset, a job per (checkpoint, dataset), each through
@@ -149,13 +150,13 @@ def sweep(checkpoints: Sequence[str], model_name: str | None, datasets: Sequence
 
   @functools.cache
   def batches(size: int, preprocessing: description.Preprocessing, batch: int) -> dict:
-    return fewshot_lsr.fewshot_datasets(datasets, data_dir, train_split, test_split, size,
-                                        batch, batch_sharding, preprocessing, download)
+    return fewshot_lsr.fewshot_datasets(datasets, reading, train_split, test_split, size,
+                                        batch, batch_sharding, preprocessing)
 
   # Reads only the datasets' metadata: a dataset that cannot be read fails here, once.
   batches(image_size or description.DEFAULT_IMAGE_SIZE, description.Preprocessing(),
           batch_size)
-  check_shots(datasets, data_dir, train_split, shots, download)
+  check_shots(datasets, reading, train_split, shots)
   rows, failures = [], {}
   for i, path in enumerate(checkpoints):
     log(f"[{i + 1}/{len(checkpoints)}] {path}")
