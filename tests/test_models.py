@@ -244,6 +244,14 @@ def test_bad_images_are_explained(shape, message):
     model.init(jax.random.key(0), jnp.zeros(shape))
 
 
+@pytest.mark.parametrize("size, stride, fitted", [
+    (384, 16, 384), (384, 14, 378), (384, 7, 385), (30, 7, 28), (3, 7, 7), (224, 32, 224)])
+def test_a_size_is_fitted_to_the_nearest_multiple_of_the_stride(size, stride, fitted):
+  """What every refusal of a size suggests and the fine-tuning recipe takes: one rule (the
+  refusals suggested 378 for a patch-7 checkpoint at 384 px, vit-inspect and vit-transfer 385)."""
+  assert models.fitted_size(size, stride) == fitted
+
+
 def test_bad_classifier_is_explained():
   model = models.create_model("ViT-Ti_16", classifier="cls", patch_size=8, **TINY)
   with pytest.raises(ValueError, match="classifier='cls', expected one of"):

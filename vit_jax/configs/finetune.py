@@ -22,7 +22,7 @@ ARG_FORMS = ("MODEL,DATASET (e.g. finetune:b16,cifar10; DATASET: a TFDS name or 
 def image_size(stride: int) -> int:
   """IMAGE_SIZE, or the multiple of the model's patch stride nearest it (images split into
   whole tokens: 385 for patches of 7)."""
-  return max(1, round(IMAGE_SIZE / stride)) * stride
+  return models.fitted_size(IMAGE_SIZE, stride)
 
 
 def get_config(arg: str = "b16,cifar10"):

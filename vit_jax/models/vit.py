@@ -267,6 +267,11 @@ class MAPHead(nn.Module):
     return jax.lax.index_in_dim(x, 0, axis=1, keepdims=False)
 
 
+def fitted_size(size: int, stride: int) -> int:
+  """The multiple of `stride` nearest `size` (at least `stride`): images of whole tokens."""
+  return max(1, round(size / stride)) * stride
+
+
 class VisionTransformer(nn.Module):
   """ViT, or ResNet-v2 stem + ViT when `resnet_layers` is not None.
 
@@ -362,7 +367,7 @@ class VisionTransformer(nn.Module):
       raise ValueError(
           f"Image size {h}x{w} is not divisible by the model's patch stride {self.stride}"
           f"{f' ({self.name_in_registry})' if self.name_in_registry else ''}: use a size that is a "
-          f"multiple of {self.stride}, e.g. {max(h // self.stride, 1) * self.stride}.")
+          f"multiple of {self.stride}, e.g. {fitted_size(h, self.stride)}.")
 
   @property
   def num_prefix_tokens(self) -> int:

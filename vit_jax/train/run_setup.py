@@ -233,7 +233,7 @@ class RunSetup:
     stride = model.stride
     config_lib.check(c.data.image_size % stride == 0, "data.image_size", c.data.image_size,
           f"not divisible by the model's patch stride {stride} ({loader.model_label(model)}); "
-          f"use a multiple of {stride}, e.g. {max(c.data.image_size // stride, 1) * stride}")
+          f"use a multiple of {stride}, e.g. {models.fitted_size(c.data.image_size, stride)}")
     if c.optimizer.frozen:  # Refused now (patterns that freeze all), before anything is written.
       optimizers.trained(models.abstract_params(model, c.data.image_size), c.optimizer.frozen,
                          trained_only)
