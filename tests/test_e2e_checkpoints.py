@@ -310,7 +310,7 @@ def test_paths_a_checkpoint_records_hold_from_any_directory(lora_run, dataset, d
              "adapters.npz": work / "adapters.npz"}
   for i, (path, source) in enumerate(sources.items()):
     assert loader.export_npz(path, f"export_{i}.npz").exported_from == str(source), path
-  assert convert.export("run", "model.tflite", "tflite").loaded.description.exported_from == (
+  assert convert.export("run", "served", "savedmodel").loaded.description.exported_from == (
       str(step))
   monkeypatch.chdir(tmp_path)
   described = loader.describe(str(work / "lora_run"))
