@@ -4,7 +4,8 @@ For each checkpoint and task: fine-tuned once per learning rate of the task's gr
 held-out part of its train split (the paper's minival; VTAB-1k's 800/200), the best rate
 chosen there, then fine-tuned on the whole train split (VTAB-1k: the 1,000 examples) and
 evaluated on test, with the finetune recipe (SGD momentum 0.9, batch 512, cosine decay,
-clipping at 1, no weight decay, 384 px) and the paper's steps per task.
+clipping at 1, no weight decay, 384 px or the multiple of the patch stride nearest it) and
+the paper's steps per task.
 
 --suite: vtab1k (the 19 VTAB-1k tasks), paper (ImageNet, CIFAR-10/100, Pets, Flowers),
 imagenet, or task names separated by commas (`--list all` prints them). Any other TFDS
