@@ -8,6 +8,7 @@ from typing import Any
 
 _EXPORTS = {
     "DataOptionError": "sources",
+    "ON_BAD_IMAGE": "config",
     "class_counts": "pipeline",
     "DatasetInfo": "pipeline",
     "dataset_info": "pipeline",

@@ -40,7 +40,7 @@ def parser() -> argparse.ArgumentParser:
                  help="comma-separated TFDS names or image folders (ROOT/<split>/<class>/*)")
   p.add_argument("--data_dir", default=None, help="TFDS data directory")
   p.add_argument("--download", action="store_true", help="let TFDS download missing datasets")
-  p.add_argument("--on_bad_image", choices=("fail", "skip"), default="fail",
+  p.add_argument("--on_bad_image", choices=data.ON_BAD_IMAGE, default="fail",
                  help="image folders' undecodable files: an error, or left out with a warning")
   p.add_argument("--train_split", default="train", help="pool the shots are drawn from")
   p.add_argument("--test_split", default="test")
