@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from helpers import REPO, SIZE, TIMM, cpu_env, perturbed, timm_repo, write_repo
+from helpers import COMMIT, REPO, SIZE, TIMM, cpu_env, perturbed, timm_repo, write_repo
 from vit_jax.checkpoint import loader
 from vit_jax.checkpoint import layouts
 from vit_jax.models import timm_models
@@ -239,3 +239,41 @@ def test_gated_and_missing_repos_online(capsys, hub_cache, monkeypatch):
     assert_one_line_error(capsys, ["hf-hub:org/missing"], "no such repository")
   finally:
     server.shutdown()
+
+
+def test_an_unreachable_hub_is_waited_for_once(capsys, tmp_path, hub_cache, monkeypatch):
+  """Without network and without HF_HUB_OFFLINE (a compute node), huggingface_hub tries each
+  file for ~23 s (five retries) before it looks in its cache: a cached repo opens after the
+  first file's wait, the rest asked for at the commit that file's snapshot is (which the cache
+  answers alone), and an uncached one fails after one (vit-inspect of an uncached repo waited
+  70 s, three files' worth). The Hub here is a port nothing listens on; the retries' sleeps
+  are counted, not slept."""
+  import socket
+  import huggingface_hub
+  from huggingface_hub import constants
+  from huggingface_hub.utils import _http
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    endpoint = f"http://127.0.0.1:{s.getsockname()[1]}"  # Closed once the block ends.
+  monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+  monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+  monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                      endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+  waits, asked = [], []
+  monkeypatch.setattr(_http.time, "sleep", waits.append)
+  download = huggingface_hub.hf_hub_download
+  monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo, filename, **k: asked.append(
+      (filename, k.get("revision"), k.get("local_files_only", False))) or download(
+          repo, filename, **k))
+  _, folder, _ = timm_repo(tmp_path, "token")
+  write_repo(hub_cache, "timm/cached", {f: folder / f for f in os.listdir(folder)})
+  assert loader.load("hf-hub:timm/cached").model.num_classes == 5
+  assert sum(waits) == 23, (waits, asked)  # One file's retries: 1 + 2 + 4 + 8 + 8 s.
+  assert asked[0] == ("config.json", None, False) and len(asked) > 1, asked
+  assert all(revision == COMMIT for _, revision, _ in asked[1:]), asked
+  waits.clear(), asked.clear()
+  assert inspect_cli.main(["hf-hub:timm/uncached"]) == 2
+  last = capsys.readouterr().err.strip().splitlines()[-1]  # After huggingface_hub's warnings.
+  assert last.startswith("error: hf-hub:timm/uncached: config.json is not in the Hugging Face "
+                         "cache") and "could not be reached" in last, last
+  assert sum(waits) == 23 and asked[0][2] is False and all(a[2] for a in asked[1:]), asked

@@ -152,7 +152,7 @@ def test_fetch_asks_for_open_clips_files_where_the_repo_has_no_model_safetensors
   from vit_jax.checkpoint import errors, hub
   asked = []
 
-  def download(repo, revision, filename, absent_ok=False, uncached_ok=False):
+  def download(self, filename, absent_ok=False, uncached_ok=False):
     asked.append(filename)
     if filename in files:
       return str(tmp_path / filename)
@@ -160,6 +160,6 @@ def test_fetch_asks_for_open_clips_files_where_the_repo_has_no_model_safetensors
       return None
     raise errors.CheckpointError(f"no {filename}")
 
-  monkeypatch.setattr(hub, "_download", download)
+  monkeypatch.setattr(hub._Repo, "download", download)
   folder, weights = hub.fetch("hf-hub:laion/tiny")
   assert folder == str(tmp_path) and weights == [str(tmp_path / want)], asked

@@ -10,8 +10,10 @@ torch). The layout is told from the arrays' names (`layouts.LAYOUTS`: timm's ViT
 transformers' ViT), converted in memory to the released one, and described from the repo's
 config files.
 """
+import dataclasses
 import json
 import os
+import pathlib
 from typing import Any
 
 import numpy as np
@@ -53,23 +55,46 @@ def _hub_error(e: Exception, repo: str, filename: str) -> CheckpointError | None
   return None
 
 
-def _download(repo: str, revision: str | None, filename: str, absent_ok: bool = False,
-              uncached_ok: bool = False) -> str | None:
-  """The file's local path. None where the repo lacks it (`absent_ok`), or where it is not
-  in the cache and the Hub cannot be asked (`uncached_ok`)."""
-  import huggingface_hub
-  from huggingface_hub import errors
-  try:
-    return huggingface_hub.hf_hub_download(repo, filename, revision=revision)
-  except Exception as e:  # Mapped to a one-line CheckpointError, or re-raised.
-    uncached = isinstance(e, (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled))
-    if (uncached and uncached_ok) or (
-        absent_ok and not uncached and isinstance(e, errors.EntryNotFoundError)):
-      return None
-    error = _hub_error(e, repo, filename)
-    if error is None:
-      raise
-    raise error from e
+@dataclasses.dataclass
+class _Repo:
+  """A Hub repo's files, each found in the cache or fetched, all of one commit: the first
+  file found pins the rest to its snapshot's, which huggingface_hub serves from its cache
+  without asking the Hub again. Once the Hub has not answered (huggingface_hub tries each
+  file for ~23 s: five retries) and nothing is pinned, the rest are looked up in the cache
+  alone. On a machine without network, a repo opens or fails after one wait, not one a file."""
+  repo: str
+  revision: str | None
+  cache_only: bool = False
+
+  def download(self, filename: str, absent_ok: bool = False,
+               uncached_ok: bool = False) -> str | None:
+    """The file's local path. None where the repo lacks it (`absent_ok`), or where it is not
+    in the cache and the Hub cannot be asked (`uncached_ok`)."""
+    import huggingface_hub
+    from huggingface_hub import constants, errors
+    try:
+      path = huggingface_hub.hf_hub_download(self.repo, filename, revision=self.revision,
+                                             local_files_only=self.cache_only)
+      # SNAPSHOT/COMMIT/FILENAME: later files are asked for at COMMIT.
+      self.revision = pathlib.Path(path).parents[len(pathlib.PurePosixPath(filename).parts)
+                                                 - 1].name
+      return path
+    except Exception as e:  # Mapped to a one-line CheckpointError, or re-raised.
+      uncached = isinstance(e, (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled))
+      self.cache_only |= uncached and not constants.HF_HUB_OFFLINE
+      if (uncached and uncached_ok) or (
+          absent_ok and not uncached and isinstance(e, errors.EntryNotFoundError)):
+        return None
+      error = _hub_error(e, self.repo, filename)
+      if error is None:
+        raise
+      raise error from e
+
+  def open_clip_weights(self) -> list[str]:
+    """OpenCLIP's weight file, where the repo holds its config; [] where it does not."""
+    if self.download(OPEN_CLIP_CONFIG, absent_ok=True, uncached_ok=True) is None:
+      return []
+    return [self.download(specs.OPEN_CLIP_WEIGHTS)]
 
 
 def _weight_files(folder: str, get=None) -> list[str]:
@@ -85,36 +110,28 @@ def _weight_files(folder: str, get=None) -> list[str]:
   return [get(s) if get else os.path.join(folder, s) for s in shards]
 
 
-def _open_clip_weights(repo: str, revision: str | None) -> list[str]:
-  """OpenCLIP's weight file, where the repo holds its config; [] where it does not."""
-  if _download(repo, revision, OPEN_CLIP_CONFIG, absent_ok=True, uncached_ok=True) is None:
-    return []
-  return [_download(repo, revision, specs.OPEN_CLIP_WEIGHTS)]
-
-
 def fetch(spec: str) -> tuple[str, list[str]]:
   """Downloads (or finds in the cache) what `read` needs: (snapshot folder, weight files)."""
-  repo, revision = specs.parse_hub(spec)
-  config = _download(repo, revision, CONFIG, absent_ok=True, uncached_ok=True)
-  weights = [] if config else _open_clip_weights(repo, revision)
+  hub = _Repo(*specs.parse_hub(spec))
+  config = hub.download(CONFIG, absent_ok=True, uncached_ok=True)
+  weights = [] if config else hub.open_clip_weights()
   if weights:
     return os.path.dirname(weights[0]), weights
   # Where neither config is there, huggingface_hub's own error says why (offline, absent).
-  folder = os.path.dirname(config or _download(repo, revision, CONFIG))
-  _download(repo, revision, PROCESSOR, absent_ok=True, uncached_ok=True)
-  get = lambda filename: _download(repo, revision, filename)
+  folder = os.path.dirname(config or hub.download(CONFIG))
+  hub.download(PROCESSOR, absent_ok=True, uncached_ok=True)
   if specs.is_hub_folder(folder):
-    return folder, _weight_files(folder, get)
-  if _download(repo, revision, specs.HUB_WEIGHTS, absent_ok=True):
+    return folder, _weight_files(folder, hub.download)
+  if hub.download(specs.HUB_WEIGHTS, absent_ok=True):
     return folder, [os.path.join(folder, specs.HUB_WEIGHTS)]
-  if _download(repo, revision, specs.HUB_WEIGHTS_INDEX, absent_ok=True) is None:
-    weights = _open_clip_weights(repo, revision)
+  if hub.download(specs.HUB_WEIGHTS_INDEX, absent_ok=True) is None:
+    weights = hub.open_clip_weights()
     if weights:
       return folder, weights
     raise CheckpointError(f"{spec} holds no {specs.HUB_WEIGHTS} (nor a sharded index): vit_jax "
                           "reads safetensors weights; a repo with pytorch_model.bin only needs "
                           "converting first.")
-  return folder, _weight_files(folder, get)
+  return folder, _weight_files(folder, hub.download)
 
 
 def _json(path: str) -> dict[str, Any]:
