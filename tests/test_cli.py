@@ -311,6 +311,24 @@ def test_every_command_answers_an_input_error_with_one_line_and_status_2(tmp_pat
   assert (files.users / "notes.txt").read_text() == "mine"  # vit-export refused to replace it.
 
 
+@pytest.mark.parametrize("command", ["vit-zoo", "vit-predict"])
+def test_a_reader_that_stops_early_ends_the_command_quietly(command, tmp_path):
+  """`vit-predict CKPT FOLDER | head`: the command ends as one killed by SIGPIPE would, status
+  141 and nothing on stderr (it said 'error: [Errno 32] Broken pipe', status 2: an input
+  error)."""
+  image = tmp_path / "image.png"
+  Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(image)
+  args = {"vit-zoo": ["list"],
+          "vit-predict": [tiny_serving_checkpoint(tmp_path / "model.npz", "plain"), str(image)]}
+  proc = subprocess.Popen([sys.executable, "-c", "import sys; from " + " import ".join(
+      console_scripts()[command].split(":")) + "; sys.argv = sys.argv[1:]; main()",
+                           command, *args[command]], env=cpu_env(), cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  proc.stdout.close()  # Gone before the first line, as `head -0` is.
+  stderr = proc.stderr.read()
+  assert (proc.wait(timeout=300), stderr) == (141, "")
+
+
 @pytest.mark.parametrize("command, args", [
     ("vit-fewshot", ["--datasets=x"]), ("vit-transfer", ["--suite", "x"]),
     ("vit-export", ["out.npz"]), ("vit-predict", ["image.png"]), ("vit-inspect", [])])

@@ -68,6 +68,14 @@ def stopped(e: BaseException) -> int:
   return e.exit_status
 
 
+def reader_gone() -> int:
+  """Ends quietly where stdout's reader has left, as a command killed by SIGPIPE would (Python
+  ignores the signal): nothing more on stderr, stdout pointed at /dev/null so that the exit's
+  flush finds no pipe, status 128 + SIGPIPE."""
+  os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+  return 128 + signal.SIGPIPE
+
+
 def command(body: Callable[[list[str]], int]) -> Main:
   """A command's `main`: `main(argv)` runs `body` in this process and returns its status (an
   input error one line on stderr and status 2, a stop by a signal one line and 128 + its
@@ -80,6 +88,8 @@ def command(body: Callable[[list[str]], int]) -> Main:
       exit_with(lambda: main(sys.argv[1:]))
     try:
       return body(list(argv))
+    except BrokenPipeError:  # Whoever read stdout stopped (`| head`): not the input's fault.
+      return reader_gone()
     except INPUT_ERRORS as e:
       return input_error(e)
     except (stop_signals.Interrupted, KeyboardInterrupt) as e:
