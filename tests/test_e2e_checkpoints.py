@@ -291,8 +291,9 @@ def test_paths_a_checkpoint_records_hold_from_any_directory(lora_run, dataset, d
                                                            tmp_path, monkeypatch):
   """Checkpoints given relative to the working directory are recorded by their absolute
   paths: the base a LoRA run was fine-tuned from (which its adapters file is opened on) and
-  what each export was read from, through every way a checkpoint is read; the files open from
-  another directory, and a run on an image folder records where the folder is.
+  what each export was read from, through every way a checkpoint is read (a run's checkpoints
+  folder standing for its workdir, unless it is a workdir itself); the files open from another
+  directory, and a run on an image folder records where the folder is.
   (`config.pretrained=base.npz` made adapters that opened from nowhere else: 'the base
   checkpoint ..., base.npz, is not there'.)"""
   tmp, merged, _ = lora_run
@@ -306,8 +307,10 @@ def test_paths_a_checkpoint_records_hold_from_any_directory(lora_run, dataset, d
   loop.train_and_evaluate(c, "lora_run")
   loader.export_adapters("lora_run", "adapters.npz")
   step = work / "run" / "checkpoints" / "3"
+  shutil.copytree(work / "run", work / "a" / "checkpoints")  # A workdir of that name.
   sources = {"base.npz": work / "base.npz", "run": step, "run/checkpoints/3": step,
-             "adapters.npz": work / "adapters.npz"}
+             "run/checkpoints": step, "adapters.npz": work / "adapters.npz",
+             "a/checkpoints": work / "a" / "checkpoints" / "checkpoints" / "3"}
   for i, (path, source) in enumerate(sources.items()):
     assert loader.export_npz(path, f"export_{i}.npz").exported_from == str(source), path
   assert convert.export("run", "served", "savedmodel").loaded.description.exported_from == (

@@ -284,8 +284,11 @@ def is_step_dir(path: epath.Path) -> bool:
 
 
 def latest_step_dir(path: str | epath.Path) -> epath.Path:
-  """A workdir's newest finished step directory; a step directory stands for itself."""
+  """A workdir's newest finished step directory (its checkpoints folder stands for it); a step
+  directory stands for itself."""
   path = epath.Path(path)
+  if path.name == "checkpoints" and not checkpoint_dir(path).is_dir():  # Not a workdir itself.
+    path = path.parent
   if checkpoint_dir(path).is_dir():
     steps = finished_steps(path)
     if not steps:
