@@ -218,15 +218,15 @@ def _open_augreg(path: str) -> Opened:
 def _open_npz(path: str, base: str | None) -> Opened:
   """An .npz: a released or exported checkpoint, or a LoRA adapters file merged onto its
   base (`base`, else the one it records), both read again by `reread`."""
-  def read_all() -> tuple[dict, Description, dict | None]:
+  def read_all() -> tuple[dict, Description, dict | None, str | None]:
     flat, described = npz.split_description(npz.read_npz(path))
     if not (fields := _lora_fields(described)):
-      return flat, described or _released(flat), None
-    return *_on_base(flat, described, path, base or described.parent), fields
+      return flat, described or _released(flat), None, None
+    on = base or described.parent
+    return *_on_base(flat, described, path, on), fields, on
 
-  flat, described, fields = read_all()
-  return Opened(path, described, specs.absolute(path), lambda: read_all()[0], flat, fields,
-                (base or described.parent) if fields else None)
+  flat, described, fields, on = read_all()
+  return Opened(path, described, specs.absolute(path), lambda: read_all()[0], flat, fields, on)
 
 
 def _on_base(adapters: dict[str, np.ndarray], described: Description, path: str,
