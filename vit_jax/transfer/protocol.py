@@ -120,13 +120,16 @@ def overrides(ft: FineTune, settings: Settings, described: description.Descripti
   train, evaluate = ((task.minitrain, task.minival) if ft.phase == SELECT
                      else (task.train, task.test))
   named = task.name in tasks.TASKS
-  return _accumulation(settings, described) | {
+  model = _model(described)
+  # --image_size, else the recipe's 384 px fitted to the model's patch stride.
+  image_size = settings.image_size or finetune.image_size(model.stride)
+  return _accumulation(settings, model, image_size) | {
       "model_name": model_name(described), **_model_overrides(described),
       "pretrained": ft.checkpoint,
       "data.name": sources.TASK_PREFIX + task.name if named else task.tfds_name,
       "data.data_dir": settings.data_dir, "data.train_split": train,
       "data.eval_split": evaluate,
-      "data.image_size": _image_size(settings, described),
+      "data.image_size": image_size,
       "batch_size": settings.batch_size, "total_steps": steps, "warmup_steps": warmup,
       "optimizer.lr": ft.lr, "eval_every_steps": None, "cpu_devices": settings.cpu_devices,
   }
@@ -137,18 +140,14 @@ def _model(described: description.Description) -> models.VisionTransformer:
   return models.create_model(model_name(described), num_classes=None, **fields)
 
 
-def _image_size(settings: Settings, described: description.Description) -> int:
-  """--image_size, else the recipe's 384 px fitted to the model's patch stride."""
-  return settings.image_size or finetune.image_size(_model(described).stride)
-
-
-def _accumulation(settings: Settings, described: description.Description) -> dict[str, int]:
+def _accumulation(settings: Settings, model: models.VisionTransformer,
+                  image_size: int) -> dict[str, int]:
   """`accum_steps` where the recipe's batch of the checkpoint's model does not fit the memory
   here in one step (footprint.accum_steps_for): the same 512 examples an update, in
   micro-batches; nothing where it fits."""
   from vit_jax.models import footprint
-  steps = footprint.accum_steps_for(_model(described), _image_size(settings, described),
-                                    settings.batch_size, settings.cpu_devices or 1)
+  steps = footprint.accum_steps_for(model, image_size, settings.batch_size,
+                                    settings.cpu_devices or 1)
   return {"accum_steps": steps} if steps > 1 else {}
 
 
