@@ -141,7 +141,8 @@ def test_predict_with_an_exported_model_matches_jax(model_npz, photo_dir, tmp_pa
 
 def test_predict_cli_fails_clearly_without_images(model_npz, tmp_path, capsys):
   r = run_cli([sys.executable, "-m", "vit_jax.tools.predict", model_npz, str(tmp_path / "*.jpg")])
-  assert r.returncode == 2 and "No image files to classify." in r.stderr
+  assert r.returncode == 2 and not r.stdout, r.stderr
+  assert r.stderr == f"error: No image files to classify: nothing at {tmp_path / '*.jpg'}.\n"
   (tmp_path / "bad.jpg").write_bytes(b"no")  # In this process: the start-up is checked above.
   capsys.readouterr()
   assert predict.main([model_npz, str(tmp_path), "--out", str(tmp_path / "p.csv")]) == 2

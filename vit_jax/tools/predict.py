@@ -159,12 +159,13 @@ def main(argv: list[str]) -> int:
   logs.route_logs(verbose=args.verbose)
   logs.start_tensorflow(datasets=False)  # Images are found and decoded as the pipeline does.
   paths, unmatched, others = image_files.find_images(args.images)
-  for spec in unmatched:
-    print(f"No images at {spec}", file=sys.stderr)
-  if not paths:
+  if not paths:  # One line, naming what matched nothing.
     return cli.input_error("No image files to classify" + (
+        f": nothing at {', '.join(unmatched)}" if unmatched else "") + (
         f" ({len(others)} other files, e.g. {others[0]}: no image format PIL or TensorFlow "
         "reads)." if others else "."))
+  for spec in unmatched:
+    print(f"No images at {spec}", file=sys.stderr)
   load_kwargs = {k: v for k, v in (("model_name", args.model_name),
                                    ("image_size", args.image_size), ("base", args.base)) if v}
   predictor = predictors.open_model(args.checkpoint, **load_kwargs)
