@@ -14,7 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from helpers import REPO, cli, cpu_env, finish, read_scalars, tiny_config, wait_for
+from helpers import (REPO, cli, cpu_env, finish, read_scalars, read_until, tiny_config,
+                     wait_for)
 from vit_jax.train import loop
 
 
@@ -108,6 +109,27 @@ def test_a_sigterm_saves_and_the_rerun_resumes_to_the_same_losses(tmp_path, data
   after = read_scalars(workdir, "train_loss", newest_file_only=True)
   assert after and min(after) > step and max(after) == 24
   np.testing.assert_array_equal([after[s] for s in sorted(after)], [expected[s] for s in sorted(after)])
+
+
+def test_a_console_whose_reader_leaves_saves_and_stops_as_on_a_signal(tmp_path, dataset,
+                                                                       children):
+  """`vit-train ... 2>&1 | head`: the console's next write finds no reader; the run saves the
+  step it is on and ends as SIGPIPE would end it (141, nothing more written), recorded as
+  stopped, not failed (a BrokenPipeError's status 1 and traceback, nothing saved before). The
+  rerun's resume after a stop: the SIGTERM test's."""
+  workdir = tmp_path / "piped"
+  proc = children(subprocess.Popen(
+      cli(workdir, dataset, "--config.total_steps=200", "--config.log_every_steps=1"),
+      env=cpu_env(1), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+  read_until(proc, lambda line: line.startswith("step 2/200"))
+  proc.stdout.close()  # As `head` ends.
+  assert proc.wait(timeout=120) == 128 + signal.SIGPIPE
+  saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+  assert len(saved) == 1 and 2 < saved[0] < 200, saved
+  attempt = json.loads((workdir / "goodput.json").read_text())["attempts"][-1]
+  assert attempt["outcome"] == "stopped" and attempt["saved_step"] == saved[0], attempt
+  assert "SIGPIPE received: saving a checkpoint" in (workdir / "train.log").read_text()
+  assert not (workdir / "lock").exists()
 
 
 STALL_AT = 7  # Checkpoints every 4 steps: step 4 is the last one saved.

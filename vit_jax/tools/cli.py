@@ -1,8 +1,9 @@
 """What the command lines share: their exit status, how a user's error is reported, the
 checks before any work, and how a console script ends (where logs go: logs.py).
 
-Exit status: 0 done; 128 + N stopped by signal N (SIGTERM 143, Ctrl-C 130) after saving what
-a rerun resumes from (vit_jax/train/stop_signals.py); 1 a failure while running (an exception with its traceback, or work a
+Exit status: 0 done; 128 + N stopped by signal N (SIGTERM 143, Ctrl-C 130; 141 where the
+output's reader left, as `| head` does) after saving what a rerun resumes from
+(vit_jax/train/stop_signals.py); 1 a failure while running (an exception with its traceback, or work a
 command reports it could not do, e.g. a job of a sweep failed: jobs.py); 2 a usage or input
 error: a bad flag (argparse and absl print the usage), or an input the library refuses (a path
 that holds no checkpoint, a dataset that cannot be read, a checkpoint that contradicts a
@@ -64,7 +65,8 @@ def stopped(e: BaseException) -> int:
   as one line on stderr; returns its status, 128 + the signal's number."""
   if not isinstance(e, stop_signals.Interrupted):
     e = stop_signals.Interrupted(signal.SIGINT, resumable=False)
-  print(e, file=sys.stderr, flush=True)
+  with contextlib.suppress(BrokenPipeError):  # Stopped because stderr's reader left.
+    print(e, file=sys.stderr, flush=True)
   return e.exit_status
 
 

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, TextIO
 
 import tqdm
 
+from vit_jax.train import stop_signals
+
 if TYPE_CHECKING:  # The library is imported once the flags are parsed.
   from vit_jax.train import loop
 
@@ -73,7 +75,7 @@ class Console:
   BAR = "{desc}{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
 
   def __init__(self, stream: TextIO, log_file: str):
-    self.stream, self.log_file, self.bar, self.run = stream, log_file, None, None
+    self.stream, self.log_file, self.bar, self.run = _Kept(stream), log_file, None, None
     self.last: dict[str, float] = {}  # train_loss, img_per_sec, accuracy: the latest.
     self.first, self.step_at, self.eval_s, self.eval_t0 = None, 0, 0.0, 0.0
     self.train_s = 0.0  # First step's call to the latest log, evaluations left out.
@@ -165,7 +167,7 @@ class Console:
     if self.step_at < r.total_steps:
       lines.append(f"Stopped at step {self.step_at} of {r.total_steps}, saved: rerun the same "
                    "command to resume.")
-    print("\n".join(lines + self._where()), flush=True)
+    print("\n".join(lines + self._where()), file=_Kept(sys.stdout), flush=True)
 
   def _where(self) -> list[str]:
     r, w = self.run, self.run.workdir
@@ -178,6 +180,32 @@ class Console:
             f"  {_command('vit-inspect')} {w}    # what the checkpoint holds",
             f"  {_command('vit-export')} {w} {w.rstrip('/')}.npz    # as a released-layout .npz",
             f"  {_command('vit-fewshot')} {w} --datasets={r.dataset}{data}    # few-shot probes"]
+
+
+class _Kept:
+  """A console stream whose reader may leave (`vit-train ... 2>&1 | head`): the first write
+  that finds no reader points the stream's file at /dev/null and asks the run to save and stop
+  (stop_signals.reader_gone), as Ctrl-C would; the rest of the run's lines go nowhere."""
+
+  def __init__(self, stream: TextIO):
+    self._stream = stream
+
+  def __getattr__(self, name: str):
+    return getattr(self._stream, name)
+
+  def write(self, text: str) -> int:
+    return self._kept(self._stream.write, text)
+
+  def flush(self) -> None:
+    self._kept(self._stream.flush)
+
+  def _kept(self, call, *args):
+    try:
+      return call(*args)
+    except BrokenPipeError:
+      os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+      stop_signals.reader_gone()
+      return 0
 
 
 def default_stream() -> TextIO:
