@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Callable, Mapping, NoReturn, Sequence
+from typing import Callable, Mapping, NoReturn, Sequence, TextIO
 
 from vit_jax import cpu_backend
 from vit_jax.train import stop_signals
@@ -70,11 +70,18 @@ def stopped(e: BaseException) -> int:
   return e.exit_status
 
 
+def discard(stream: TextIO) -> None:
+  """Points `stream`'s file at /dev/null: what is written to it from now on goes nowhere."""
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, stream.fileno())
+  os.close(devnull)
+
+
 def reader_gone() -> int:
   """Ends quietly where stdout's reader has left, as a command killed by SIGPIPE would (Python
-  ignores the signal): nothing more on stderr, stdout pointed at /dev/null so that the exit's
-  flush finds no pipe, status 128 + SIGPIPE."""
-  os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+  ignores the signal): nothing more on stderr, stdout discarded so that the exit's flush finds
+  no pipe, status 128 + SIGPIPE."""
+  discard(sys.stdout)
   return 128 + signal.SIGPIPE
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, TextIO
 
 import tqdm
 
+from vit_jax.tools import cli
 from vit_jax.train import stop_signals
 
 if TYPE_CHECKING:  # The library is imported once the flags are parsed.
@@ -203,7 +204,7 @@ class _Kept:
     try:
       return call(*args)
     except BrokenPipeError:
-      os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+      cli.discard(self._stream)
       stop_signals.reader_gone()
       return 0
 

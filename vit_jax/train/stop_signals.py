@@ -14,7 +14,6 @@ from typing import Any
 from absl import logging
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_entered: list["StopSignals"] = []
 
 
 class Interrupted(BaseException):
@@ -46,21 +45,19 @@ class StopSignals:
 
   def __enter__(self) -> "StopSignals":
     import jax  # Here, not on import: the commands catch Interrupted before they import JAX.
-    _entered.append(self)
     if threading.current_thread() is threading.main_thread() and jax.process_count() == 1:
       for signum in SIGNALS:
         self._previous[signum] = signal.signal(signum, self._handle)
     return self
 
   def __exit__(self, *exc) -> None:
-    _entered.remove(self)
     for signum, handler in self._previous.items():
       signal.signal(signum, handler)
     self._previous.clear()
 
   def _handle(self, signum: int, frame: Any) -> None:
     del frame
-    if self.received is None and self._previous:
+    if self.received is None:
       # The log's: the command tells the console once, in one line, when it has stopped.
       logging.info("%s received: saving a checkpoint and stopping.", signal.Signals(signum).name)
       self.received = signum
@@ -81,5 +78,6 @@ def reader_gone() -> None:
   """The console's reader has left (`vit-train ... 2>&1 | head`): the run in this process
   saves and stops as on a signal, SIGPIPE's (status 141, the shell's for a process SIGPIPE
   ended). Python ignores SIGPIPE itself, so that a closed socket elsewhere stops nothing."""
-  for stop in _entered[-1:]:
-    stop._handle(signal.SIGPIPE, None)
+  handler = signal.getsignal(signal.SIGTERM)  # The StopSignals catching signals, if one is.
+  if isinstance(getattr(handler, "__self__", None), StopSignals):
+    handler(signal.SIGPIPE, None)
