@@ -239,6 +239,8 @@ def other_errors(f: Files, model: str) -> list[Case]:
            f"no readable image: {f.broken}: ", False, (str(tmp / "p.csv"),)),
       Case("vit-predict", "truncated .onnx", [str(tmp / "truncated.onnx"), image],
            "the exported onnx model cannot be opened", False),
+      Case("vit-predict", "no image matches", [model, str(tmp / "nothing*.png")],
+           f"No image files to classify: nothing at {tmp / 'nothing*.png'}.", False),
       Case("vit-inspect", "missing checkpoint", [MISSING], MISSING),
       Case("vit-inspect", "truncated .tflite", [str(tmp / "truncated.tflite")],
            "the exported tflite model cannot be opened", False),
@@ -307,7 +309,7 @@ def test_every_command_answers_an_input_error_with_one_line_and_status_2(tmp_pat
                    f"{tf_loaded}, Keras loaded: {keras_loaded}, left behind: {left}, "
                    f"stderr:\n{r.stderr[-1500:]}")
   assert not wrong, "\n\n".join(wrong)
-  assert len(own) - sum(own) == 6  # fewshot's 3, transfer's 2, predict's 1.
+  assert len(own) - sum(own) == 7  # fewshot's 3, transfer's 2, predict's 2.
   assert (files.users / "notes.txt").read_text() == "mine"  # vit-export refused to replace it.
 
 
