@@ -7,6 +7,7 @@ base. The reads are counted at the readers' doors (tests/read_counter.py) while
 the checks it makes before the workdir. Before: `vit-train` read an .npz or a Hub repo three
 times (four with a LoRA run), for its checks, its set-up's description and its first step."""
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -116,6 +117,20 @@ def test_every_command_reads_a_checkpoint_once(kind, made, tiny_npz, hub_cache, 
   with counting(*files) as counts:
     assert run_inspect(capsys, path)[0] == 0
   _once(counts, "vit-inspect")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_checkpoint_loaded_in_python_logs_no_warning(kind, made, tiny_npz, hub_cache, zoo_dir,
+                                                       monkeypatch, tmp_path, caplog):
+  """`loader.load` in a notebook or a script, where no command sends the libraries' logs to a
+  file: a checkpoint that reads well is read without a word. orbax warned on every read of a
+  run's step ("Metadata file does not exist: .../state/_CHECKPOINT_METADATA", a file a manager
+  writes only beside the items)."""
+  path, _, _ = _kind(kind, made, tiny_npz, hub_cache, zoo_dir, monkeypatch, tmp_path)
+  with caplog.at_level(logging.WARNING):
+    loader.load(path)
+  assert not [f"{r.name}: {r.getMessage()}" for r in caplog.records
+              if r.levelno >= logging.WARNING]
 
 
 def test_a_lora_run_reads_its_base_once(made):

@@ -7,6 +7,7 @@ back to older steps and setting bad ones aside), the resumability check, the lat
 and the params of a step as host arrays for any device count. The workdir's lock, WORKDIR/lock,
 is workdir_lock.py's.
 """
+import contextlib
 import json
 import logging
 import os
@@ -311,12 +312,14 @@ def read_params(step_dir: str | epath.Path, ema: bool = False
   as host numpy arrays."""
   step_dir = _checked_step_dir(step_dir)
   _quiet_abandoned_reads()  # A damaged step raises one error, not one per array.
-  checkpointer = ocp.PyTreeCheckpointer()
   try:
-    tree = checkpointer.metadata(step_dir / "state").item_metadata.tree
+    # The handler's own metadata: a checkpointer's looks for a step's metadata file inside the
+    # item's folder too, where a manager never writes one, and warns of it on every read.
+    with contextlib.closing(ocp.PyTreeCheckpointHandler()) as handler:
+      tree = handler.metadata(step_dir / "state").tree
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-    state = checkpointer.restore(step_dir / "state",
-                                 args=ocp.args.PyTreeRestore(restore_args=restore_args))
+    state = ocp.PyTreeCheckpointer().restore(
+        step_dir / "state", args=ocp.args.PyTreeRestore(restore_args=restore_args))
   except Exception as e:  # Whatever orbax raises on damaged or missing files.
     raise CheckpointError(f"{step_dir} cannot be read, damaged or incomplete "
                           f"({type(e).__name__}: {str(e)[:500]}). Read another step of its "
