@@ -229,6 +229,15 @@ def scripted_gcloud(root: pathlib.Path) -> tuple[dict[str, str], pathlib.Path]:
   return env, folder
 
 
+# What a notebook's cells may write on stderr, none of it vit_jax's to quiet: TensorFlow's C++
+# notices as it loads (oneDNN's, which no setting turns off), and tqdm's where Jupyter has no
+# ipywidgets (TFDS and huggingface_hub import tqdm.auto).
+_OTHERS_NOTICES = re.compile(
+    r"I\d{4} .*\] oneDNN custom operations are on|WARNING: All log messages before "
+    r"absl::InitializeLog\(\) is called|.*TqdmWarning: IProgress not found|  from "
+    r"\.autonotebook import tqdm as notebook_tqdm")
+
+
 @contextlib.contextmanager
 def notebook_kernel(**env: str) -> Iterator[Callable[..., Any]]:
   """One Jupyter kernel for several top-to-bottom runs of notebooks: `run(path, **params)`
@@ -241,7 +250,9 @@ def notebook_kernel(**env: str) -> Iterator[Callable[..., Any]]:
   from jupyter_client.manager import KernelManager
   from nbclient import NotebookClient
   manager = KernelManager(kernel_name="python3")
-  manager.start_kernel(cwd=str(REPO), env=dict(os.environ, JAX_PLATFORMS="cpu", **env))
+  # A user's kernel: what the session sets to keep libtpu and TensorFlow quiet is not set there.
+  user = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "TF_CPP_MIN_LOG_LEVEL")}
+  manager.start_kernel(cwd=str(REPO), env=dict(user, **env))
 
   def run(path, **params: str):
     nb = nbformat.read(path, as_version=4)
@@ -252,6 +263,10 @@ def notebook_kernel(**env: str) -> Iterator[Callable[..., Any]]:
       NotebookClient(nb, km=manager, timeout=600, kernel_name="python3").execute()
     finally:
       del nb.cells[0]
+    said = [line for c in nb.cells for o in c.get("outputs", [])
+            if o.output_type == "stream" and o.name == "stderr"
+            for line in o.text.splitlines() if line and not _OTHERS_NOTICES.match(line)]
+    assert not said, f"{path.name}: the cells wrote on stderr:\n" + "\n".join(said[:20])
     return nb
 
   try:

@@ -85,11 +85,14 @@ def _save_arrays_whole_where_one_process_holds_them() -> None:
   (a pod slice, or the tests' gloo runs) keep it."""
   if jax.process_count() == 1 and jax.default_backend() == "cpu":
     # Otherwise orbax's default handler: it keeps the arrays' metadata in this store, which
-    # orbax names nowhere public.
+    # orbax names nowhere public. Registered as register_type_handler does, without the
+    # warning it logs each time (in a notebook's cell, on every run's start).
     from orbax.checkpoint._src.metadata import array_metadata_store
-    ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(
-        use_replica_parallel=False, array_metadata_store=array_metadata_store.Store()),
-        override=True)
+    from orbax.checkpoint._src.serialization import type_handler_registry
+    type_handler_registry.GLOBAL_TYPE_HANDLER_REGISTRY.add(
+        jax.Array, ocp.type_handlers.ArrayHandler(
+            use_replica_parallel=False, array_metadata_store=array_metadata_store.Store()),
+        override=True, ignore_warnings=True)
 
 
 def _array_checksum(x: jax.Array) -> jax.Array:
