@@ -4,6 +4,7 @@ stand-in `google.colab`), and defaults that an anonymous user can read (Hub spec
 gs://vit_models bucket; a bucket of one's own read straight from gs://: test_npz.py; the wheel
 installed alone: test_e2e_install.py)."""
 import ast
+import os
 import pathlib
 import re
 import subprocess
@@ -167,6 +168,18 @@ def test_colab_cell_installs_the_project_for_the_runtime(path, setup_kwargs, mon
 def test_outside_colab_the_cell_installs_nothing(path, monkeypatch):
   _, commands = run_install_cell(path, monkeypatch, in_colab=False)
   assert commands == []
+
+
+def test_outside_colab_the_cell_starts_jax_without_a_word_on_stderr():
+  """A user's kernel where libtpu is installed (the `tpu` and test extras) and no TPU is: the
+  cell shows the devices, and libtpu's errors (six lines: "Failed to find host bounds ...",
+  "INVALID_ARGUMENT: Error: unexpected worker hostname ...") no longer follow. Its own process:
+  they are written on file descriptor 2, which a kernel forwards to the cell only at times."""
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  done = subprocess.run([sys.executable, "-c", install_cell(NOTEBOOKS[0])], env=env, cwd=REPO,
+                        capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0 and "CpuDevice" in done.stdout, done.stderr[-2000:]
+  assert done.stderr == ""
 
 
 def test_colab_cell_reads_the_accelerator_off_the_machine(setup_kwargs, monkeypatch, tmp_path):
