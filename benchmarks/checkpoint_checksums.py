@@ -13,9 +13,11 @@ import time
 
 import jax
 
-from vit_jax import models
+from vit_jax import cpu_backend, models
 from vit_jax.checkpoint import description, run
 from vit_jax.train import optimizers, sharding, trainer
+
+cpu_backend.skip_absent_tpu()  # As the commands: no TPU probed where there is none.
 
 
 def _median_s(fn, repeats: int) -> float:

@@ -12,7 +12,9 @@ import time
 
 import jax
 
-from vit_jax import data
+from vit_jax import cpu_backend, data
+
+cpu_backend.skip_absent_tpu()  # As the commands: no TPU probed where there is none.
 
 
 def measure(cfg, batch_size: int, steps: int) -> tuple[float, float, float]:

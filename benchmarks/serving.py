@@ -31,9 +31,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import models
+from vit_jax import cpu_backend, models
 from vit_jax.checkpoint import loader
 from vit_jax.serving import formats, onnx, predictors, savedmodel, tflite
+
+cpu_backend.skip_absent_tpu()  # As the commands: no TPU probed where there is none.
 
 CHOICES = ("jax", *formats.FORMATS)  # --formats
 PACKAGES = ("jax", "jaxlib", "tensorflow-cpu", "tensorflow", "onnxruntime", "tf2onnx",

@@ -30,10 +30,12 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from vit_jax import models  # noqa: E402
+from vit_jax import cpu_backend, models  # noqa: E402
 from vit_jax.models import timm_models  # noqa: E402
 from vit_jax.models import attention  # noqa: E402
 from vit_jax.train import optimizers, sharding, trainer  # noqa: E402
+
+cpu_backend.skip_absent_tpu()  # As the commands: no TPU probed where there is none.
 
 # Dense tensor-core TFLOP/s (datasheet) by device-kind substring: bf16, and f32 (which JAX
 # runs as TF32 on these GPUs by default).
