@@ -31,9 +31,7 @@ VARIANTS = {
 }
 
 
-def model_flags(pretrained: str) -> list[str]:
-  from vit_jax.checkpoint import loader, run as run_lib
-  described = loader.describe(pretrained)
+def model_flags(described) -> list[str]:
   fields = {k: v for k, v in described.model.items() if v is not None and k in (
       "patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers", "classifier")}
   return ([f"--config.model.{k}={v}" for k, v in fields.items()]
@@ -42,7 +40,7 @@ def model_flags(pretrained: str) -> list[str]:
 
 def trainable(workdir: pathlib.Path, flags: list[str]) -> int:
   """The run's parameters that its optimizer updates (the unmerged ones, adapters included)."""
-  from vit_jax.checkpoint import loader, run as run_lib
+  from vit_jax.checkpoint import run as run_lib
   from vit_jax.models import lora
   from vit_jax.train import optimizers
   frozen = next((ast.literal_eval(f.split("=", 1)[1]) for f in flags
@@ -53,14 +51,13 @@ def trainable(workdir: pathlib.Path, flags: list[str]) -> int:
              and optimizers.first_match(trained_only, k) is not None)
 
 
-def train_variant(variant: str, flags: list[str], args, data: str) -> dict:
-  from vit_jax.checkpoint import loader, run as run_lib
-  last = loader.describe(args.pretrained).model["num_layers"] - 1
+def train_variant(variant: str, flags: list[str], args, data: str, described) -> dict:
+  last = described.model["num_layers"] - 1
   flags = [f.replace("{last}", str(last)) for f in flags]
   workdir = pathlib.Path(args.out_dir) / variant.split(":")[0].replace("=", "_")
   command = [sys.executable, "-m", "vit_jax.tools.train", "--config", "finetune:ti16," + data,
              "--workdir", str(workdir), f"--config.pretrained={args.pretrained}",
-             *model_flags(args.pretrained), "--config.data.train_crop=resize",
+             *model_flags(described), "--config.data.train_crop=resize",
              "--config.data.flip=False", "--config.batch_size=128",
              f"--config.total_steps={args.steps}", "--config.warmup_steps=20",
              "--config.optimizer.lr=0.01", "--config.cpu_devices=1", *flags]
@@ -84,8 +81,12 @@ def main(argv=None) -> None:
   p.add_argument("--out_dir", default="/tmp/ft_tools")
   p.add_argument("--steps", type=int, default=300)
   args = p.parse_args(argv)
+  from vit_jax import cpu_backend
+  cpu_backend.skip_absent_tpu()  # As the commands: no TPU probed where there is none.
+  from vit_jax.checkpoint import loader
+  described = loader.describe(args.pretrained)
   data = helpers.write_digits_folder(pathlib.Path(args.out_dir) / "digits")
-  rows = [train_variant(v, f, args, data) for v, f in VARIANTS.items()]
+  rows = [train_variant(v, f, args, data, described) for v, f in VARIANTS.items()]
   plain = rows[0]
   print(f"{'variant':44s} {'accuracy':>8s} {'ema acc':>8s} {'trainable':>10s} "
         f"{'peak RSS MiB':>12s} {'x plain':>7s} {'wall s':>7s}")
