@@ -133,19 +133,19 @@ def finetune(args: argparse.Namespace, cache: str) -> None:
   from vit_jax.data import fashion_mnist
   data_dir = os.path.join(cache, "tfds")
   fashion_mnist.prepare_fashion_mnist(data_dir)
-  print(f"{'model':24} {'tree':24} {'s to step 1':>12} {'CPU s':>8} {'peak RSS MB':>12}")
+  w = max(24, *map(len, args.models))
+  print(f"{'model':{w}} {'tree':24} {'s to step 1':>12} {'CPU s':>8} {'peak RSS MB':>12}")
   for name in args.models:
     runs = [measure_finetune(name, cache, data_dir, args.tree) for _ in range(args.repeats)]
     row = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    print(f"{name:24} {args.tree[-24:]:24} {row['seconds']:12.2f} {row['cpu_seconds']:8.1f} "
+    print(f"{name:{w}} {args.tree[-24:]:24} {row['seconds']:12.2f} {row['cpu_seconds']:8.1f} "
           f"{row['peak_rss_mb']:12.0f}")
 
 
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--models", nargs="+", default=[
-      "vit_base_patch16_224", "vit_large_patch16_224", "vit_large_patch14_dinov2.lvd142m",
-      "vit_large_patch14_clip_224.openai"])
+  p.add_argument("--models", nargs="+", help="timm names (default: ViT-B/16, ViT-L/16, "
+                 "DINOv2-L/14, CLIP-L/14; with --finetune the first two)")
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--cache", default=None, help="Hub cache to write and read (default: a temp dir)")
   p.add_argument("--finetune", action="store_true",
@@ -153,20 +153,29 @@ def main() -> None:
   p.add_argument("--tree", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                  help="With --finetune: the checkout whose vit_jax runs (default: this one).")
   args = p.parse_args()
-  cache = args.cache or tempfile.mkdtemp(prefix="hub_load_")
-  if args.finetune:
-    finetune(args, cache)
-    return
-  print(f"{'model':24} {'loader':8} {'seconds':>8} {'peak RSS MB':>12}")
+  args.models = args.models or (list(_FINETUNE_MODELS) if args.finetune else [
+      "vit_base_patch16_224", "vit_large_patch16_224", "vit_large_patch14_dinov2.lvd142m",
+      "vit_large_patch14_clip_224.openai"])
+  unknown = [m for m in args.models if m not in _FINETUNE_MODELS]
+  if args.finetune and unknown:
+    p.error(f"--finetune times {', '.join(_FINETUNE_MODELS)} (the models whose finetune config "
+            f"it knows), not {', '.join(unknown)}")
+  with tempfile.TemporaryDirectory(prefix="hub_load_") as temporary:  # GBs: ViT-Ls' weights.
+    (finetune if args.finetune else load)(args, args.cache or temporary)
+
+
+def load(args: argparse.Namespace, cache: str) -> None:
+  w = max(24, *map(len, args.models))
+  print(f"{'model':{w}} {'loader':8} {'seconds':>8} {'peak RSS MB':>12}")
   for name in args.models:
     write_cache(cache, name)
     rows = {}
     for loader in ("vit_jax", "timm"):
       runs = [measure(loader, name, cache) for _ in range(args.repeats)]
       rows[loader] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-      print(f"{name:24} {loader:8} {rows[loader]['seconds']:8.2f} "
+      print(f"{name:{w}} {loader:8} {rows[loader]['seconds']:8.2f} "
             f"{rows[loader]['peak_rss_mb']:12.0f}")
-    print(f"{name:24} {'ratio':8} {rows['vit_jax']['seconds'] / rows['timm']['seconds']:8.2f} "
+    print(f"{name:{w}} {'ratio':8} {rows['vit_jax']['seconds'] / rows['timm']['seconds']:8.2f} "
           f"{rows['vit_jax']['peak_rss_mb'] / rows['timm']['peak_rss_mb']:12.2f}"
           "   (vit_jax / timm)")
 
