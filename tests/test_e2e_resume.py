@@ -3,8 +3,10 @@ run goes on from the newest step that verifies; changed configs are refused fiel
 another model's workdir even with the opt-in; a finished run reports its result; kill -9 and
 damage at random moments lose nothing (SIGTERM and stalls: test_e2e_stop.py)."""
 import contextlib
+import errno
 import gc
 import json
+import os
 import random
 import re
 import shutil
@@ -277,6 +279,94 @@ def test_random_kills_and_damage_lose_nothing(tmp_path, dataset, children):
   print("\n" + "\n".join(story))
   print(f"kills: {kills}, damaged (step, how): {damaged}, set aside: {corrupt}, "
         f"newest checkpoint lost per interruption (steps): {lost}")
+
+
+# A full device in each library's words, as they were raised in the test below, and the file
+# each names; {w} is the workdir.
+NO_SPACE = {
+    "goodput's record (Python)": (
+        lambda w: OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"{w}/goodput.json"),
+        "{w}/goodput.json"),
+    "a save (tensorstore)": (
+        lambda w: ValueError(
+            f'RESOURCE_EXHAUSTED: Error writing "step/0" in OCDBT database at local file "{w}/'
+            'checkpoints/12.orbax-checkpoint-tmp/state/": Failed writing: "{w}/checkpoints/12.'
+            "orbax-checkpoint-tmp/state/d/ad58\": Failed to write 186883 bytes to file 9: No "
+            "space left on device [os_error_code='28'] [tensorstore_spec='{\"driver\":\"zarr"
+            "\"}']"),
+        "{w}/checkpoints/12.orbax-checkpoint-tmp/state/"),
+    "TensorBoard's events (clu over TensorFlow)": (
+        lambda w: RuntimeError(
+            "Error '{{function_node __wrapped__FlushSummaryWriter_device_/job:localhost/replica:0"
+            f"/task:0/device:CPU:0}}}} {w}/events.out.tfevents.1.v2; No space left on device\n"
+            f"\tFailed to flush 4 events to {w}/events.out.tfevents.1.v2' occurred "
+            "ASYNCHRONOUSLY."),
+        "{w}/events.out.tfevents.1.v2"),
+}
+
+
+@pytest.mark.parametrize("kind", NO_SPACE)
+def test_a_full_device_is_told_by_the_file_it_stopped(kind, tmp_path):
+  """DiskFull names the file each library failed to write (tensorstore's temporary step folder,
+  not the `/job:localhost/...` of TensorFlow's op name), the deepest of a chain first (clu's
+  error on the events file, raised as the writer closes, over the save's that came first); an
+  error of another kind is none."""
+  w = str(tmp_path)
+  error, path = NO_SPACE[kind][0](w), NO_SPACE[kind][1].format(w=w)
+  told = f"no space left on device writing {path}: the run stopped; it saved no checkpoint; " \
+         "the same command starts it again once there is room."
+  assert str(loop.disk_full(error, w)) == told and loop.disk_full(error, w).errno == errno.ENOSPC
+  over = RuntimeError(NO_SPACE["TensorBoard's events (clu over TensorFlow)"][0](w))
+  over.__context__ = error
+  assert str(loop.disk_full(over, w)) == told
+  assert loop.disk_full(ValueError("a config field is wrong"), w) is None
+
+
+# Makes a file system of $SIZE at $1 in this mount namespace, runs the command (the rest of the
+# arguments) there, makes room and runs it again; each run's output and status go to $2.
+FULL_DISK = """
+mount -t tmpfs -o size=$SIZE tmpfs "$1" || exit 99
+d=$1 out=$2; shift 2
+"$@" > "$out/first.out" 2> "$out/first.err"; echo $? > "$out/first.status"
+ls "$d/run/checkpoints" > "$out/first.steps"
+mount -o remount,size=64m "$d"
+"$@" > "$out/second.out" 2> "$out/second.err"; echo $? > "$out/second.status"
+cp "$d/run/goodput.json" "$out"
+"""
+
+
+@pytest.mark.slow
+def test_a_full_disk_stops_the_run_in_one_line_and_the_same_command_resumes(tmp_path, dataset):
+  """The last save finds the disk full (a 1.1 MB tmpfs in a mount namespace of its own: steps 4
+  and 8 fit, 12 does not): the run ends with status 1 and one line saying what it kept, where
+  the console had ~840 lines of orbax's, asyncio's and logging's tracebacks (the last clu's,
+  on the TensorBoard file, masking the save's), and the log file it can no longer write is
+  one warning. Once there is room the same command resumes from step 8 and finishes."""
+  disk, out = tmp_path / "disk", tmp_path / "out"
+  disk.mkdir(), out.mkdir()
+  unshare = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-rm"]
+  done = subprocess.run([*unshare, "sh", "-c", FULL_DISK, "sh", str(disk), str(out),
+                         *cli(disk / "run", dataset)], env=dict(cpu_env(), SIZE="1100k"),
+                        cwd=REPO, capture_output=True, text=True, timeout=600)
+  if done.returncode == 99 and os.geteuid() != 0:
+    pytest.skip(f"no mount namespace for this user: {done.stderr.strip()[-300:]}")
+  assert done.returncode == 0, done.stderr[-3000:]
+  err = (out / "first.err").read_text()
+  assert (out / "first.status").read_text().strip() == "1", err[-3000:]
+  assert "Traceback" not in err and err.count("error: ") == 1, err[-3000:]
+  assert err.endswith("the run stopped; its newest checkpoint is step 8, from which the same "
+                      "command resumes once there is room.\n"), err[-3000:]
+  assert err.splitlines()[-1].startswith("error: no space left on device")
+  assert len(err.splitlines()) <= 18, err  # Two opening lines, 12 steps, the eval, a warning.
+  assert [n for n in (out / "first.steps").read_text().split() if n.isdigit()] == ["4", "8"]
+  second = (out / "second.err").read_text()
+  assert (out / "second.status").read_text().strip() == "0", second[-3000:]
+  assert "Resumed from" in second and "at step 8 of 12." in second, second
+  # The record reads and holds both attempts: the first one's end, if the full disk let it be
+  # written, says it failed.
+  attempts = json.loads((out / "goodput.json").read_text())["attempts"]
+  assert len(attempts) == 2 and attempts[0]["outcome"] in (None, "failed: ValueError")
+  assert attempts[1]["outcome"] == "finished", attempts
 
 
 def test_a_resume_restores_into_shapes_and_a_run_without_a_good_step_starts_again(

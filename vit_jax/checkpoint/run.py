@@ -71,6 +71,7 @@ def newest_meta(workdir: str | epath.Path) -> dict[str, Any] | None:
 
 def make_manager(workdir: str | epath.Path, keep: int) -> ocp.CheckpointManager:
   _save_arrays_whole_where_one_process_holds_them()
+  _quiet_abandoned_io()  # A save that fails (a full disk) raises one error, not one per array.
   return ocp.CheckpointManager(
       checkpoint_dir(workdir), item_names=ITEMS,
       options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
@@ -171,16 +172,17 @@ def set_aside(workdir: str | epath.Path, step: int) -> epath.Path:
   return dst
 
 
-class _AbandonedReads(logging.Filter):
-  """Drops asyncio's report of a failed tensorstore read nobody awaited (the restore had
-  already failed on another array's)."""
+class _AbandonedIO(logging.Filter):
+  """Drops asyncio's report of a failed tensorstore read or orbax write nobody awaited (the
+  restore or save had already failed on another array's)."""
 
   def filter(self, record: logging.LogRecord) -> bool:
     message = record.getMessage()
-    return not ("exception was never retrieved" in message and "tensorstore_spec" in message)
+    return not ("exception was never retrieved" in message and (
+        "tensorstore_spec" in message or "/orbax/checkpoint/" in message))
 
 
-_ABANDONED_READS = _AbandonedReads()
+_ABANDONED_IO = _AbandonedIO()
 
 
 def _ignore_loop_closed(previous: Any) -> Any:
@@ -192,16 +194,17 @@ def _ignore_loop_closed(previous: Any) -> Any:
   return hook
 
 
-def _quiet_abandoned_reads() -> None:
-  """A restore that fails on one array returns while orbax's reads of the others are still in
-  flight, and orbax closes their event loop: each read that ends then raises 'Event loop is
-  closed' in its callback (printed as unraisable), and each that failed too is reported by
-  asyncio when collected. That repeats the one failure already reported, array by array (45 KB
-  of tracebacks on the console for a ViT-Ti, a pipe's worth: a parent that reads its child's
-  stderr only at the end blocked it). Idempotent; other unraisables and records pass."""
+def _quiet_abandoned_io() -> None:
+  """A restore (or save) that fails on one array returns while orbax's reads (writes) of the
+  others are still in flight, and orbax closes their event loop: each that ends then raises
+  'Event loop is closed' in its callback (printed as unraisable), and each that failed too is
+  reported by asyncio when collected. That repeats the one failure already reported, array by
+  array (45 KB of tracebacks on the console for a ViT-Ti's read, a pipe's worth: a parent that
+  reads its child's stderr only at the end blocked it; 800 lines for a save on a full disk).
+  Idempotent; other unraisables and records pass."""
   asyncio_logger = logging.getLogger("asyncio")
-  if _ABANDONED_READS not in asyncio_logger.filters:
-    asyncio_logger.addFilter(_ABANDONED_READS)
+  if _ABANDONED_IO not in asyncio_logger.filters:
+    asyncio_logger.addFilter(_ABANDONED_IO)
   if not getattr(sys.unraisablehook, "ignores_loop_closed", False):
     sys.unraisablehook = _ignore_loop_closed(sys.unraisablehook)
 
@@ -214,7 +217,7 @@ def restore_latest(workdir: str | epath.Path, keep: int, state: Any, shardings: 
   with none left, `state` itself (its shapes suffice) is returned at step 0. A step whose state
   is laid out otherwise than `state` (a changed config, not damage) is refused, kept in place.
   """
-  _quiet_abandoned_reads()  # Before: the first read may end before the failure is raised.
+  _quiet_abandoned_io()  # Before: the first read may end before the failure is raised.
   while True:
     manager = make_manager(workdir, keep)
     step = manager.latest_step()
@@ -314,7 +317,7 @@ def read_params(step_dir: str | epath.Path, ema: bool = False
   """Params (flat, original layout; with `ema` their moving average) and metadata of one step,
   as host numpy arrays."""
   step_dir = _checked_step_dir(step_dir)
-  _quiet_abandoned_reads()  # A damaged step raises one error, not one per array.
+  _quiet_abandoned_io()  # A damaged step raises one error, not one per array.
   try:
     # The handler's own metadata: a checkpointer's looks for a step's metadata file inside the
     # item's folder too, where a manager never writes one, and warns of it on every read.

@@ -37,12 +37,15 @@ class _ChattyBelow(logging.Filter):
 
 class _Console(logging.Handler):
   """Records on stderr (looked up at each record: tests swap it), around a progress bar;
-  `warning: MESSAGE` unless a formatter is set. The watchdog's ERROR record is left out: it
-  prints that message on stderr itself, then ends the process."""
+  `warning: MESSAGE` unless a formatter is set. Left out: the watchdog's ERROR record (it
+  prints that message on stderr itself, then ends the process), and unless a formatter is set
+  orbax's errors, each with its traceback, which orbax raises to the command too: a save that
+  fails (a full disk) logs four (~80 lines), then the command says it in one."""
 
   def filter(self, record: logging.LogRecord) -> bool:
     own = record.levelno >= logging.ERROR and record.pathname.endswith("train/watchdog.py")
-    return not own and bool(super().filter(record))
+    raised = not self.formatter and "/orbax/" in record.pathname
+    return not (own or raised) and bool(super().filter(record))
 
   def format(self, record: logging.LogRecord) -> str:
     if self.formatter:
@@ -57,6 +60,20 @@ class _Console(logging.Handler):
         print(text, file=sys.stderr, flush=True)
     except Exception:  # logging's convention: a handler never raises.
       self.handleError(record)
+
+
+class _LogFile(logging.FileHandler):
+  """The log file. A record it cannot write (a full disk) is one warning on stderr, the first
+  time, instead of logging's traceback and the whole record every time."""
+
+  failed = False
+
+  def handleError(self, record: logging.LogRecord) -> None:
+    if not self.failed:
+      self.failed = True
+      with contextlib.suppress(Exception):
+        print(f"warning: cannot write {self.baseFilename} ({sys.exc_info()[1]}): the library's "
+              "logs are not kept from here", file=sys.stderr, flush=True)
 
 
 def _take_over_root() -> list[logging.handlers.MemoryHandler]:
@@ -115,8 +132,8 @@ def route_logs(log_file: str | None = None, verbose: bool = False,
   sink = None
   if log_file:
     os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
-    sink = _add(logging.FileHandler(log_file, mode="a", encoding="utf-8"), logging.NOTSET,
-                absl_format, logging.WARNING)
+    sink = _add(_LogFile(log_file, mode="a", encoding="utf-8"), logging.NOTSET, absl_format,
+                logging.WARNING)
   elif hold:
     root.addHandler(held.pop() if held else _add(
         logging.handlers.MemoryHandler(1 << 20, flushLevel=logging.CRITICAL + 1),

@@ -21,6 +21,7 @@ run writes there to its end; another run on the same workdir ends with status 2 
 naming that process, before TensorFlow loads (seconds).
 """
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -61,6 +62,11 @@ def _train_or_compile(argv: list[str]) -> None:
     sys.exit(cli.stopped(e))  # After saving: the scheduler's restart resumes the run.
   except (InputError, FileNotFoundError) as e:  # What the user gave: one line.
     cli.fail(e)
+  except OSError as e:
+    if e.errno != errno.ENOSPC:
+      raise
+    print(f"error: {e}", file=sys.stderr, flush=True)  # A full disk: loop.DiskFull says it.
+    sys.exit(cli.FAILED)
 
 
 def _compile_only() -> int:

@@ -1,9 +1,12 @@
 """The training loop: restore or initialise, build the evaluators, run the steps (the run's
 set-up is run_setup's)."""
 import dataclasses
+import errno
 import functools
 import itertools
 import logging
+import os
+import re
 import shlex
 import sys
 import threading
@@ -277,10 +280,49 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir: str,
 
   A run whose steps stop ending (config.stall_timeout_s) exits the process with status 1; one
   that SIGTERM or SIGINT stops before its last step saves, then raises
-  stop_signals.Interrupted.
+  stop_signals.Interrupted; one that a full device stops raises DiskFull (an OSError, ENOSPC),
+  naming its newest checkpoint.
   """
   with stop_signals.StopSignals() as stop:
-    return _train_and_evaluate(c, workdir, report or Report(), stop, pretrained)
+    try:
+      return _train_and_evaluate(c, workdir, report or Report(), stop, pretrained)
+    except Exception as e:
+      full = disk_full(e, workdir)
+      if full is None:
+        raise
+      raise full from e
+
+
+class DiskFull(OSError):
+  """A run stopped by a full device (a save, its TensorBoard events), saying where and what it
+  kept: the libraries' own errors name a temporary file deep in tensorstore's words, or the
+  events file (clu's, raised as the writer closes, over the save's)."""
+
+  def __init__(self, error: BaseException, workdir: str):
+    path = getattr(error, "filename", None) or re.search(r'(?:^|[\s"])(/[^"\s;]+)', str(error))
+    where = f" writing {path if isinstance(path, str) else path.group(1)}" if path else ""
+    steps = run.finished_steps(workdir)
+    kept = (f"its newest checkpoint is step {steps[-1]}, from which the same command resumes"
+            if steps else "it saved no checkpoint; the same command starts it again")
+    super().__init__(errno.ENOSPC, f"no space left on device{where}: the run stopped; {kept} "
+                     "once there is room.")
+
+  def __str__(self) -> str:
+    return self.strerror
+
+
+def disk_full(e: BaseException, workdir: str) -> DiskFull | None:
+  """DiskFull for the first error in `e`'s chain (its causes and contexts, the deepest first)
+  that says a device is full: an OSError ENOSPC, or the libraries' words for it (tensorstore's
+  RESOURCE_EXHAUSTED, TensorFlow's ResourceExhaustedError, each naming its file); None if no
+  error there does."""
+  chain = []
+  while e is not None and e not in chain:
+    chain.append(e)
+    e = e.__cause__ or e.__context__
+  full = next((x for x in reversed(chain) if (isinstance(x, OSError) and x.errno == errno.ENOSPC)
+               or os.strerror(errno.ENOSPC) in str(x)), None)
+  return None if full is None else DiskFull(full, workdir)
 
 
 def _train_and_evaluate(c: ml_collections.ConfigDict, workdir: str, report: Report,
