@@ -7,8 +7,10 @@ shapes), training runs' workdirs (their latest step) or step
 directories (the model is read from the run), globs allowed. Each is probed at its own
 resolution (unless --image_size) on images preprocessed as its description records (value
 range, crop). Writes fewshot.csv, fewshot.md and fewshot.png to --out_dir:
-checkpoint x dataset x shots, mean ± std over seeds. A checkpoint that fails to load is
-reported and the sweep goes on (exit status 1).
+checkpoint x dataset x shots, mean ± std over seeds, beside the rows of earlier sweeps there
+(a checkpoint and dataset probed again replaced), so that sweeps one after another or side by
+side into one folder add up. A checkpoint that fails to load is reported and the sweep goes on
+(exit status 1).
 """
 import argparse
 import glob
@@ -74,7 +76,8 @@ def main(argv: list[str]) -> int:
       "CKPT": paths, "--datasets": args.datasets.split(","), "--data_dir": [args.data_dir],
       "--base": [args.base]})
   outputs = fewshot_sweep.OUTPUTS
-  cli.check_owned("--out_dir", args.out_dir, outputs.__contains__, ", ".join(outputs))
+  cli.check_owned("--out_dir", args.out_dir, lambda name: name.removesuffix(".partial") in outputs,
+                  ", ".join(outputs))
   logs.route_logs(verbose=args.verbose)
   logs.start_tensorflow()
   cli.check_not_exported([*paths, args.base or ""])

@@ -5,10 +5,12 @@ fewshot.csv, fewshot.md and fewshot.png. A job per (checkpoint, dataset) goes th
 caller's `attempt` (the commands' rule, tools/jobs.py: a failure recorded and told, the other
 jobs go on).
 """
+import contextlib
 import csv
+import fcntl
 import functools
 import os
-from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
@@ -26,46 +28,111 @@ Attempt = Callable[[str, Callable[[], T], dict[str, str]], T | None]
 OUTPUTS = ("fewshot.csv", "fewshot.md", "fewshot.png")
 
 
-def write_reports(rows: list[dict], failures: dict[str, str], out_dir: str) -> None:
+FIELDS = ("checkpoint", "dataset", "shots", "mean", "std", "l2", "accuracies", "representation")
+
+
+def write_reports(rows: list[dict], failures: dict[str, str], out_dir: str) -> list[dict]:
+  """fewshot.csv, fewshot.md and fewshot.png in `out_dir`: this sweep's rows merged into those
+  already there (a checkpoint probed again on a dataset, with the same representation, has its
+  rows replaced; the others are kept), under a lock on the folder, each file replaced whole, so
+  that sweeps run one after another or side by side into one folder (a job a checkpoint) keep
+  every row. The Markdown table names this sweep's failures. Returns the rows written."""
   os.makedirs(out_dir, exist_ok=True)
-  fields = ["checkpoint", "dataset", "shots", "mean", "std", "l2", "accuracies", "representation"]
-  with open(os.path.join(out_dir, OUTPUTS[0]), "w", newline="") as f:
-    writer = csv.DictWriter(f, fields)
-    writer.writeheader()
-    writer.writerows(rows)
+  with _locked(out_dir):
+    probed = {_key(r) for r in rows}
+    rows = [r for r in _read(out_dir) if _key(r) not in probed] + rows
+    with _replacing(os.path.join(out_dir, OUTPUTS[0])) as path, open(path, "w", newline="") as f:
+      writer = csv.DictWriter(f, FIELDS)
+      writer.writeheader()
+      writer.writerows(rows)
+    with _replacing(os.path.join(out_dir, OUTPUTS[1])) as path, open(path, "w") as f:
+      f.write(_markdown(rows, failures))
+    with _replacing(os.path.join(out_dir, OUTPUTS[2])) as path:
+      _plot(rows, sorted({r["dataset"] for r in rows}), path)
+  return rows
+
+
+def _key(row: dict) -> tuple[str, str, str]:
+  return row["checkpoint"], row["dataset"], row.get("representation") or "pre_logits"
+
+
+def _read(out_dir: str) -> list[dict]:
+  """The rows of the folder's fewshot.csv, typed as a sweep makes them; none without one."""
+  try:
+    with open(os.path.join(out_dir, OUTPUTS[0]), newline="") as f:
+      return [dict(r, shots=int(r["shots"]), mean=float(r["mean"]), std=float(r["std"]),
+                   l2=float(r["l2"]), representation=r.get("representation") or "pre_logits")
+              for r in csv.DictReader(f)]
+  except FileNotFoundError:
+    return []
+
+
+@contextlib.contextmanager
+def _locked(folder: str) -> Iterator[None]:
+  """An exclusive lock on the folder (flock on its descriptor), for one sweep's merge."""
+  fd = os.open(folder, os.O_RDONLY)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    yield
+  finally:
+    os.close(fd)
+
+
+@contextlib.contextmanager
+def _replacing(path: str) -> Iterator[str]:
+  """A file written beside `path` that replaces it once written: no reader sees half a file."""
+  partial = f"{path}.partial"
+  try:
+    yield partial
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.remove(partial)
+    raise
+  os.replace(partial, path)
+
+
+def _label(row: dict) -> str:
+  """A row's checkpoint, with its representation where it is not the default one."""
+  rep = row.get("representation") or "pre_logits"
+  return row["checkpoint"] + ("" if rep == "pre_logits" else f" ({rep})")
+
+
+def _markdown(rows: list[dict], failures: dict[str, str]) -> str:
   datasets = sorted({r["dataset"] for r in rows})
   shots = sorted({r["shots"] for r in rows})
   lines = ["| checkpoint | dataset | " + " | ".join(f"{k}-shot" for k in shots) + " |",
            "|---|---|" + "---|" * len(shots)] if rows else ["No results: every checkpoint failed."]
-  by_key = {(r["checkpoint"], r["dataset"], r["shots"]): r for r in rows}
-  for ckpt in dict.fromkeys(r["checkpoint"] for r in rows):
+  by_key = {(_label(r), r["dataset"], r["shots"]): r for r in rows}
+  for probe in dict.fromkeys(map(_label, rows)):
     for ds in datasets:
-      cells = [f"{100 * by_key[ckpt, ds, k]['mean']:.2f} ± {100 * by_key[ckpt, ds, k]['std']:.2f}"
-               if (ckpt, ds, k) in by_key else "" for k in shots]
-      lines.append(f"| {ckpt} | {ds} | " + " | ".join(cells) + " |")
+      found = [by_key.get((probe, ds, k)) for k in shots]
+      cells = [f"{100 * r['mean']:.2f} ± {100 * r['std']:.2f}" if r else "" for r in found]
+      if any(cells):
+        lines.append(f"| {probe} | {ds} | " + " | ".join(cells) + " |")
   if failures:
     lines += ["", "Failed:"] + [f"- {job}: {e}" for job, e in failures.items()]
-  with open(os.path.join(out_dir, OUTPUTS[1]), "w") as f:
-    f.write("\n".join(lines) + "\n")
-  _plot(rows, datasets, os.path.join(out_dir, OUTPUTS[2]))
+  return "\n".join(lines) + "\n"
 
 
 def _plot(rows: list[dict], datasets: list[str], path: str) -> None:
+  """Accuracy against shots, a panel a dataset, a line a checkpoint (and representation) that
+  has results there."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, axes = plt.subplots(1, max(len(datasets), 1), figsize=(5 * max(len(datasets), 1), 4),
                            squeeze=False)
   for ax, ds in zip(axes[0], datasets):
-    for ckpt in dict.fromkeys(r["checkpoint"] for r in rows):
+    for probe in dict.fromkeys(map(_label, rows)):
       pts = sorted((r["shots"], r["mean"], r["std"]) for r in rows
-                   if r["checkpoint"] == ckpt and r["dataset"] == ds)
-      k, m, s = (np.array(v) for v in zip(*pts))
-      ax.errorbar(k, 100 * m, yerr=100 * s, marker="o", capsize=3, label=ckpt)
+                   if _label(r) == probe and r["dataset"] == ds)
+      if pts:
+        k, m, s = (np.array(v) for v in zip(*pts))
+        ax.errorbar(k, 100 * m, yerr=100 * s, marker="o", capsize=3, label=probe)
     ax.set(xscale="log", xlabel="shots per class", ylabel="accuracy (%)", title=ds)
     ax.legend(fontsize="small")
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  fig.savefig(path, dpi=100, format="png")
   plt.close(fig)
 
 
@@ -162,5 +229,7 @@ def sweep(checkpoints: Sequence[str], model_name: str | None, datasets: Sequence
     log(f"[{i + 1}/{len(checkpoints)}] {path}")
     rows += _probe(path, model_name, image_size, batches, shots, seeds, l2_regs, failures, base,
                    representation, batch_size, attempt, log)
-  write_reports(rows, failures, out_dir)
+  kept = len(write_reports(rows, failures, out_dir)) - len(rows)
+  if kept:
+    log(f"{os.path.join(out_dir, OUTPUTS[0])} keeps {kept} rows of earlier sweeps beside these.")
   return rows, failures
