@@ -61,14 +61,14 @@ for i in range(int(sys.argv[3])):
 
 
 def test_sweeps_side_by_side_keep_every_row(tmp_path):
-  """Three processes, eight sweeps each, one folder: every sweep's rows are there at the end
+  """Two processes, five sweeps each, one folder: every sweep's rows are there at the end
   (the merge holds a lock on the folder)."""
   out = tmp_path / "out"
   out.mkdir()
-  procs = [subprocess.Popen([sys.executable, "-c", SWEEPS, str(out), name, "8"], cwd=REPO,
-                            stderr=subprocess.PIPE, text=True) for name in "xyz"]
+  procs = [subprocess.Popen([sys.executable, "-c", SWEEPS, str(out), name, "5"], cwd=REPO,
+                            stderr=subprocess.PIPE, text=True) for name in "xy"]
   for p in procs:
     assert p.wait(timeout=300) == 0, p.stderr.read()[-3000:]
   got = {ckpt for ckpt, *_ in written(out)}
-  assert got == {f"{n}{i}.npz" for n in "xyz" for i in range(8)}, sorted(got)
-  assert len(written(out)) == 48
+  assert got == {f"{n}{i}.npz" for n in "xy" for i in range(5)}, sorted(got)
+  assert len(written(out)) == 20
