@@ -1,4 +1,6 @@
 """vit_jax/tools/console.py's lines (the console of a whole run: test_e2e_console.py)."""
+import shlex
+
 import pytest
 
 from vit_jax.tools import console
@@ -37,16 +39,35 @@ NEXT = {  # A run's data: vit-train's suggested few-shot command, which must rea
     "an image folder whose undecodable files the run left out": (
         dict(dataset="./photos", data_dir=None, skip_bad_images=True),
         "--datasets=./photos --on_bad_image=skip"),
+    "a folder whose name a shell splits": (
+        dict(dataset="/data/my photos (2)", data_dir=None, skip_bad_images=False),
+        "'--datasets=/data/my photos (2)'"),
 }
+
+
+def _console(workdir: str, **data) -> console.Console:
+  from vit_jax.train import loop
+  out = console.Console(None, f"{workdir}/train.log")
+  out.run = loop.RunInfo(
+      workdir=workdir, checkpoints=f"{workdir}/checkpoints", model="ViT-Ti_16", parameters=1,
+      trained_parameters=1, num_classes=10, image_size=28, batch_size=64, total_steps=10,
+      start_step=0, epochs=None, pretrained=None, devices=1, platform="cpu", processes=1, **data)
+  return out
 
 
 @pytest.mark.parametrize("data, flags", NEXT.values(), ids=NEXT)
 def test_the_suggested_fewshot_command_reads_the_data_as_the_run_did(data, flags):
-  from vit_jax.train import loop
-  out = console.Console(None, "/tmp/w/train.log")
-  out.run = loop.RunInfo(
-      workdir="/tmp/w", checkpoints="/tmp/w/checkpoints", model="ViT-Ti_16", parameters=1,
-      trained_parameters=1, num_classes=10, image_size=28, batch_size=64, total_steps=10,
-      start_step=0, epochs=None, pretrained=None, devices=1, platform="cpu", processes=1, **data)
-  [line] = [x for x in out._where() if "vit-fewshot" in x]
+  [line] = [x for x in _console("/tmp/w", **data)._where() if "vit-fewshot" in x]
   assert line.split("vit-fewshot ", 1)[1] == f"/tmp/w {flags}    # few-shot probes"
+
+
+def test_the_suggested_commands_paste_into_a_shell_with_any_workdir():
+  """A workdir with a space and parentheses: each command line splits back into its arguments
+  (they were joined unquoted: `vit-inspect /tmp/my run (1)`, a syntax error in bash)."""
+  workdir = "/tmp/my run (1)"
+  lines = _console(workdir, **NEXT["a TFDS dataset"][0])._where()
+  commands = [shlex.split(x.split("#")[0].removeprefix("TensorBoard:")) for x in lines
+              if x.startswith(("  ", "TensorBoard:"))]
+  assert [c[1:] for c in commands] == [
+      ["--logdir", workdir], [workdir], [workdir, workdir + ".npz"],
+      [workdir, "--datasets=fashion_mnist"]]

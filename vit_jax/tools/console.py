@@ -3,6 +3,7 @@ progress bar (step, %, ETA, img/s, last loss and eval accuracy) where the stream
 else a plain line per log interval; at the end a summary: the final evaluation, time, where the
 checkpoint and TensorBoard logs are, the commands to run next."""
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -171,16 +172,19 @@ class Console:
     print("\n".join(lines + self._where()), file=_Kept(sys.stdout), flush=True)
 
   def _where(self) -> list[str]:
+    """Where the run's files are, and the commands to run next, quoted for a shell: a path
+    with spaces or parentheses pastes as one argument."""
     r, w = self.run, self.run.workdir
-    data = (f" --data_dir={r.data_dir}" if r.data_dir else "") + (
-        " --on_bad_image=skip" if r.skip_bad_images else "")
+    data = [f"--datasets={r.dataset}"] + ([f"--data_dir={r.data_dir}"] if r.data_dir else []) + (
+        ["--on_bad_image=skip"] if r.skip_bad_images else [])
     return [f"Checkpoint:  {r.checkpoints}/{self.step_at}",
-            f"TensorBoard: tensorboard --logdir {w}",
+            f"TensorBoard: {shlex.join(['tensorboard', '--logdir', w])}",
             f"Log:         {self.log_file}",
             "Next:",
-            f"  {_command('vit-inspect')} {w}    # what the checkpoint holds",
-            f"  {_command('vit-export')} {w} {w.rstrip('/')}.npz    # as a released-layout .npz",
-            f"  {_command('vit-fewshot')} {w} --datasets={r.dataset}{data}    # few-shot probes"]
+            f"  {shlex.join([_command('vit-inspect'), w])}    # what the checkpoint holds",
+            f"  {shlex.join([_command('vit-export'), w, w.rstrip('/') + '.npz'])}    # as a "
+            "released-layout .npz",
+            f"  {shlex.join([_command('vit-fewshot'), w, *data])}    # few-shot probes"]
 
 
 class _Kept:
