@@ -28,6 +28,7 @@ import functools
 import io
 import os
 import re
+import shlex
 import tempfile
 from typing import Any, Iterable, Sequence
 
@@ -132,13 +133,15 @@ def public_url(url: str) -> str:
 
 def _unreachable(url: str, dest: str, cause: Exception, fetch_hint: bool = True) -> ZooError:
   if url.startswith("gs://"):
-    how = [f"  gsutil cp {url} {dest}", f"  curl -fLo {dest} {public_url(url)}"]
+    how = [f"  {shlex.join(['gsutil', 'cp', url, dest])}",
+           f"  {shlex.join(['curl', '-fLo', dest, public_url(url)])}"]
   else:
-    how = [f"  cp {url} {dest}"]
+    how = [f"  {shlex.join(['cp', url, dest])}"]
   if fetch_hint:
-    how.append(f"  vit-zoo fetch {os.path.basename(dest).removesuffix('.npz')} "
-               f"--cache_dir {os.path.dirname(dest)} --zoo_dir DIR   (DIR: a local folder "
-               "holding the bucket's files)")
+    fetch = ["vit-zoo", "fetch", os.path.basename(dest).removesuffix(".npz"), "--cache_dir",
+             os.path.dirname(dest)]
+    how.append(f"  {shlex.join(fetch)} --zoo_dir DIR   (DIR: a local folder holding the "
+               "bucket's files)")
   else:
     how.append(f"A checkpoint named by its full filename ({specs.augreg('FILENAME')}) needs no "
                "index.")
