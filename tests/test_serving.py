@@ -9,11 +9,13 @@ import glob
 import os
 import re
 import shutil
+import sys
 
 import numpy as np
 import pytest
 
-from helpers import REPO, TINY_SERVING_MODELS, TOLERANCE, jax_logits, tiny_serving_checkpoint
+from helpers import (REPO, TINY_SERVING_MODELS, TOLERANCE, jax_logits, run_cli,
+                     tiny_serving_checkpoint)
 from vit_jax.checkpoint import description, loader, npz as npz_lib
 from vit_jax.serving import convert, formats, images, onnx, predictors, savedmodel, tflite
 
@@ -215,6 +217,18 @@ def test_inspect_opens_each_format_and_refuses_a_truncated_one(export_kind, tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {damaged}: the exported {fmt} model "
                                                "cannot be opened"), (fmt, err)
+
+
+def test_predict_on_a_tflite_model_says_only_its_summary(export_kind, digits_folder):
+  """`vit-predict model.tflite IMAGES`, a process of its own (LiteRT says it once a process):
+  the rows on stdout, the summary alone on stderr, not LiteRT's "INFO: Created TensorFlow Lite
+  XNNPACK delegate for CPU." from its first call before it."""
+  _, _, paths, _ = export_kind("families")
+  images = sorted(glob.glob(os.path.join(digits_folder, "test", "0", "*.png")))[:3]
+  done = run_cli([sys.executable, "-m", "vit_jax.tools.predict", paths["tflite"], *images])
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert len(done.stdout.splitlines()) == 4
+  assert done.stderr == "Classified 3 of 3 files; 0 unreadable, 0 not an image\n"
 
 
 def _export_extra() -> list[str]:

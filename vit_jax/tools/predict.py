@@ -114,7 +114,7 @@ def predict(predictor: predictors.Predictor, paths: list[str], names: list[str],
     progress = stack.enter_context(tqdm.tqdm(
         total=len(paths), unit="img", file=sys.stderr, disable=None,  # None: on a terminal.
         desc=f"{predictor.format} {predictor.image_size}px"))
-    writer = None
+    writer, rows_written = None, 0
     for done, batch in batches(paths, predictor.image_size, batch_size, unreadable, progress,
                                preprocessing):
       if writer is None:  # Opened at the first readable image: a refused run writes nothing.
@@ -125,7 +125,12 @@ def predict(predictor: predictors.Predictor, paths: list[str], names: list[str],
       if predictor.format == "jax" and len(batch) < batch_size:  # One compiled shape.
         batch = np.concatenate([batch, np.zeros((batch_size - len(batch), *batch.shape[1:]),
                                                 np.uint8)])
-      top = label_lib.top_k(predictor(batch)[:len(done)], names, k, sigmoid)
+      # The runtime's first call says what it set up (LiteRT: "INFO: Created TensorFlow Lite
+      # XNNPACK delegate for CPU."): the log's, not the console's.
+      with logs.native_logs() if rows_written == 0 else contextlib.nullcontext():
+        logits = predictor(batch)
+      rows_written += len(done)
+      top = label_lib.top_k(logits[:len(done)], names, k, sigmoid)
       for path, row in zip(done, top):
         writer.writerow([path, *[x for name, p in row for x in (name, f"{p:.6f}")]])
   return unreadable
