@@ -64,16 +64,20 @@ class _Console(logging.Handler):
 
 class _LogFile(logging.FileHandler):
   """The log file. A record it cannot write (a full disk) is one warning on stderr, the first
-  time, instead of logging's traceback and the whole record every time."""
+  time, instead of logging's traceback and the whole record every time; a record that cannot
+  be formatted (a bug) is logging's report as before."""
 
   failed = False
 
   def handleError(self, record: logging.LogRecord) -> None:
-    if not self.failed:
+    error = sys.exc_info()[1]
+    if not isinstance(error, OSError):
+      super().handleError(record)
+    elif not self.failed:
       self.failed = True
       with contextlib.suppress(Exception):
-        print(f"warning: cannot write {self.baseFilename} ({sys.exc_info()[1]}): the library's "
-              "logs are not kept from here", file=sys.stderr, flush=True)
+        print(f"warning: cannot write {self.baseFilename} ({error}): the library's logs are "
+              "not kept from here", file=sys.stderr, flush=True)
 
 
 def _take_over_root() -> list[logging.handlers.MemoryHandler]:
