@@ -2,6 +2,7 @@
 choice, the report, the task list and the dry run, an image folder as a task, jobs handed to
 Slurm and TPU VMs, a signal between jobs, rows of a rerun (sweeps end to end on
 Fashion-MNIST: test_e2e_transfer.py)."""
+import errno
 import json
 import os
 import shlex
@@ -196,3 +197,34 @@ def test_a_rerun_row_replaces_the_failed_one_of_the_same_run(tmp_path):
   results.append(str(tmp_path), row | {"accuracy": "0.9", "status": "ok"})
   assert [(r["lr"], r["status"]) for r in results.task_rows(str(tmp_path))] == [
       ("0.01", "ok"), ("0.1", "ok")]
+
+
+# Each report file of both sweeps, and the file the test points at a full device (/dev/full)
+# for it: the name its writer writes before putting the report in place, if any.
+REPORTS = {"results.csv": ".results.csv.partial-name", "results.md": "results.md",
+           "results.png": "results.png", "fewshot.csv": "fewshot.csv.partial",
+           "fewshot.md": "fewshot.md.partial", "fewshot.png": "fewshot.png.partial"}
+
+
+@pytest.mark.parametrize("name", REPORTS)
+def test_a_report_that_a_full_device_refuses_is_named(name, tmp_path, monkeypatch):
+  """vit-transfer's and vit-fewshot's reports on a full disk: the error names the report (a
+  write or close that fails said only '[Errno 28] No space left on device', the command's
+  one line too)."""
+  from vit_jax.transfer import fewshot_sweep
+  monkeypatch.setattr(results.uuid, "uuid4", lambda: type("U", (), {"hex": "partial-name"}))
+  out = tmp_path / "out"
+  out.mkdir()
+  if name.startswith("results"):
+    results.append(protocol.task_dir(str(out), "b16.npz", tasks.get("paper/cifar10")), {
+        "checkpoint": "b16.npz", "model": "ViT-B_16", "task": "paper/cifar10", "phase": "test",
+        "group": "paper", "lr": "0.01", "accuracy": "0.9", "status": "ok"})
+    write = lambda: report.write(str(out))  # noqa: E731
+  else:
+    write = lambda: fewshot_sweep.write_reports([dict(  # noqa: E731
+        checkpoint="b16.npz", dataset="digits", shots=1, mean=0.5, std=0.0, l2=1.0,
+        accuracies="0.5", representation="pre_logits")], {}, str(out))
+  os.symlink("/dev/full", out / REPORTS[name])
+  with pytest.raises(OSError) as e:
+    write()
+  assert (e.value.errno, e.value.filename) == (errno.ENOSPC, str(out / name)), repr(e.value)

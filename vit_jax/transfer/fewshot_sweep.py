@@ -17,6 +17,7 @@ import numpy as np
 from vit_jax import data  # Its names load when used.
 from vit_jax.checkpoint import description
 from vit_jax.evaluators import fewshot_lsr
+from vit_jax.transfer import results
 
 if TYPE_CHECKING:  # Imported where used: the loader's JAX and orbax take seconds.
   from vit_jax.checkpoint import loader
@@ -83,7 +84,8 @@ def _replacing(path: str) -> Iterator[str]:
   """A file written beside `path` that replaces it once written: no reader sees half a file."""
   partial = f"{path}.partial"
   try:
-    yield partial
+    with results.writing(path):
+      yield partial
   except BaseException:
     with contextlib.suppress(OSError):
       os.remove(partial)

@@ -91,7 +91,9 @@ def write(out_dir: str, failures: dict[tuple[str, str], str] | None = None
     raise ValueError(f"{out_dir} holds no sweep's rows (<checkpoint>/<task>/{results.ROWS})")
   failures = results.failures(rows) | (failures or {})
   results.write_merged(out_dir, rows)
-  (epath.Path(out_dir) / "results.md").write_text(markdown(rows, failures))
-  with (epath.Path(out_dir) / "results.png").open("wb") as f:
+  md, png = epath.Path(out_dir) / "results.md", epath.Path(out_dir) / "results.png"
+  with results.writing(md):
+    md.write_text(markdown(rows, failures))
+  with results.writing(png), png.open("wb") as f:
     figure(rows, f)
   return failures

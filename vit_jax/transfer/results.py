@@ -1,9 +1,11 @@
 """A sweep's record: one rows file per (checkpoint, task), written by the one process that runs
 that task, so that tasks run side by side (`vit-transfer --launch`) never write the same file;
 `results.csv` is their merge. Paths may be local or gs:// (etils.epath)."""
+import contextlib
 import csv
 import io
 import uuid
+from typing import Iterator
 
 from etils import epath
 
@@ -20,6 +22,18 @@ def _read(path: epath.Path) -> list[Row]:
   return list(csv.DictReader(io.StringIO(path.read_text()))) if path.exists() else []
 
 
+@contextlib.contextmanager
+def writing(path: str | epath.Path) -> Iterator[None]:
+  """Names `path` in an OSError the block raises without a file name: a write or close that
+  fails (a full disk) says only "[Errno 28] No space left on device", not where."""
+  try:
+    yield
+  except OSError as e:
+    if e.filename or e.errno is None:
+      raise
+    raise OSError(e.errno, e.strerror, str(path)) from e
+
+
 def _write(path: epath.Path, rows: list[dict[str, object]]) -> None:
   """Writes the whole file under a name of its own, then renames it over the file: a reader
   never sees half, and writers side by side (the merged file) do not mix."""
@@ -29,7 +43,8 @@ def _write(path: epath.Path, rows: list[dict[str, object]]) -> None:
   writer.writerows(rows)
   path.parent.mkdir(parents=True, exist_ok=True)
   partial = path.parent / f".{path.name}.{uuid.uuid4().hex}"
-  partial.write_text(text.getvalue())
+  with writing(path):
+    partial.write_text(text.getvalue())
   partial.replace(path)
 
 
