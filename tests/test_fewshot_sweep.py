@@ -3,9 +3,11 @@ there, a checkpoint probed again on a dataset replacing its rows, sweeps side by
 checkpoint) losing none. A second sweep used to replace the folder's fewshot.csv with its own
 rows, and of two at once the last to end kept its rows alone."""
 import csv
+import fcntl
 import os
 import subprocess
 import sys
+import time
 
 from helpers import REPO
 from vit_jax.transfer import fewshot_sweep
@@ -72,3 +74,22 @@ def test_sweeps_side_by_side_keep_every_row(tmp_path):
   got = {ckpt for ckpt, *_ in written(out)}
   assert got == {f"{n}{i}.npz" for n in "xy" for i in range(5)}, sorted(got)
   assert len(written(out)) == 20
+
+
+def test_a_sweep_waits_for_the_folder_another_is_merging_into(tmp_path):
+  """While another holds the folder (its merge between reading fewshot.csv and replacing it), a
+  sweep writes nothing; once it is let go, the sweep's rows join. Side by side the overlap is a
+  matter of timing (the test above); here it is held for a second."""
+  out = tmp_path / "out"
+  fewshot_sweep.write_reports(rows("a.npz"), {}, str(out))
+  held = os.open(out, os.O_RDONLY)
+  fcntl.flock(held, fcntl.LOCK_EX)
+  try:
+    proc = subprocess.Popen([sys.executable, "-c", SWEEPS, str(out), "b", "1"], cwd=REPO,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    assert proc.poll() is None and {c for c, *_ in written(out)} == {"a.npz"}
+  finally:
+    os.close(held)
+  assert proc.wait(timeout=120) == 0, proc.stderr.read()[-3000:]
+  assert {c for c, *_ in written(out)} == {"a.npz", "b0.npz"}

@@ -199,11 +199,10 @@ def test_a_rerun_row_replaces_the_failed_one_of_the_same_run(tmp_path):
       ("0.01", "ok"), ("0.1", "ok")]
 
 
-# Each report file of both sweeps, and the file the test points at a full device (/dev/full)
-# for it: the name its writer writes before putting the report in place, if any.
-REPORTS = {"results.csv": ".results.csv.partial-name", "results.md": "results.md",
-           "results.png": "results.png", "fewshot.csv": "fewshot.csv.partial",
-           "fewshot.md": "fewshot.md.partial", "fewshot.png": "fewshot.png.partial"}
+# Each report file of both sweeps: the test points the name its writer writes it under before
+# putting it in place (results.replacing's) at a full device (/dev/full).
+REPORTS = ("results.csv", "results.md", "results.png", "fewshot.csv", "fewshot.md",
+           "fewshot.png")
 
 
 @pytest.mark.parametrize("name", REPORTS)
@@ -212,7 +211,7 @@ def test_a_report_that_a_full_device_refuses_is_named(name, tmp_path, monkeypatc
   write or close that fails said only '[Errno 28] No space left on device', the command's
   one line too)."""
   from vit_jax.transfer import fewshot_sweep
-  monkeypatch.setattr(results.uuid, "uuid4", lambda: type("U", (), {"hex": "partial-name"}))
+  monkeypatch.setattr(results.uuid, "uuid4", lambda: type("U", (), {"hex": "0" * 32}))
   out = tmp_path / "out"
   out.mkdir()
   if name.startswith("results"):
@@ -224,7 +223,9 @@ def test_a_report_that_a_full_device_refuses_is_named(name, tmp_path, monkeypatc
     write = lambda: fewshot_sweep.write_reports([dict(  # noqa: E731
         checkpoint="b16.npz", dataset="digits", shots=1, mean=0.5, std=0.0, l2=1.0,
         accuracies="0.5", representation="pre_logits")], {}, str(out))
-  os.symlink("/dev/full", out / REPORTS[name])
+  os.symlink("/dev/full", out / f".{name}.{'0' * 32}")
   with pytest.raises(OSError) as e:
     write()
   assert (e.value.errno, e.value.filename) == (errno.ENOSPC, str(out / name)), repr(e.value)
+  assert not os.path.lexists(out / f".{name}.{'0' * 32}")  # The failed write's file removed.
+  assert results.replaced(f".{name}.{'0' * 32}") == name

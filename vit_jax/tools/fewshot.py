@@ -18,7 +18,7 @@ import glob
 from vit_jax import data  # Its names load when used: not before the checks.
 from vit_jax.evaluators import fewshot_lsr
 from vit_jax.tools import cli, jobs, logs
-from vit_jax.transfer import fewshot_sweep
+from vit_jax.transfer import fewshot_sweep, results
 
 
 # How this command's flags set the data options that the data pipeline's errors name.
@@ -76,7 +76,7 @@ def main(argv: list[str]) -> int:
       "CKPT": paths, "--datasets": args.datasets.split(","), "--data_dir": [args.data_dir],
       "--base": [args.base]})
   outputs = fewshot_sweep.OUTPUTS
-  cli.check_owned("--out_dir", args.out_dir, lambda name: name.removesuffix(".partial") in outputs,
+  cli.check_owned("--out_dir", args.out_dir, lambda name: results.replaced(name) in outputs,
                   ", ".join(outputs))
   logs.route_logs(verbose=args.verbose)
   logs.start_tensorflow()

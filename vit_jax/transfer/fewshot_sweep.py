@@ -42,14 +42,15 @@ def write_reports(rows: list[dict], failures: dict[str, str], out_dir: str) -> l
   with _locked(out_dir):
     probed = {_key(r) for r in rows}
     rows = [r for r in _read(out_dir) if _key(r) not in probed] + rows
-    with _replacing(os.path.join(out_dir, OUTPUTS[0])) as path, open(path, "w", newline="") as f:
+    with results.replacing(os.path.join(out_dir, OUTPUTS[0])) as path, open(
+        path, "w", newline="") as f:
       writer = csv.DictWriter(f, FIELDS)
       writer.writeheader()
       writer.writerows(rows)
-    with _replacing(os.path.join(out_dir, OUTPUTS[1])) as path, open(path, "w") as f:
-      f.write(_markdown(rows, failures))
-    with _replacing(os.path.join(out_dir, OUTPUTS[2])) as path:
-      _plot(rows, sorted({r["dataset"] for r in rows}), path)
+    with results.replacing(os.path.join(out_dir, OUTPUTS[1])) as path:
+      path.write_text(_markdown(rows, failures))
+    with results.replacing(os.path.join(out_dir, OUTPUTS[2])) as path:
+      _plot(rows, sorted({r["dataset"] for r in rows}), str(path))
   return rows
 
 
@@ -77,20 +78,6 @@ def _locked(folder: str) -> Iterator[None]:
     yield
   finally:
     os.close(fd)
-
-
-@contextlib.contextmanager
-def _replacing(path: str) -> Iterator[str]:
-  """A file written beside `path` that replaces it once written: no reader sees half a file."""
-  partial = f"{path}.partial"
-  try:
-    with results.writing(path):
-      yield partial
-  except BaseException:
-    with contextlib.suppress(OSError):
-      os.remove(partial)
-    raise
-  os.replace(partial, path)
 
 
 def _label(row: dict) -> str:

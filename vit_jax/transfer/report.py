@@ -91,9 +91,8 @@ def write(out_dir: str, failures: dict[tuple[str, str], str] | None = None
     raise ValueError(f"{out_dir} holds no sweep's rows (<checkpoint>/<task>/{results.ROWS})")
   failures = results.failures(rows) | (failures or {})
   results.write_merged(out_dir, rows)
-  md, png = epath.Path(out_dir) / "results.md", epath.Path(out_dir) / "results.png"
-  with results.writing(md):
+  with results.replacing(epath.Path(out_dir) / "results.md") as md:
     md.write_text(markdown(rows, failures))
-  with results.writing(png), png.open("wb") as f:
+  with results.replacing(epath.Path(out_dir) / "results.png") as png, png.open("wb") as f:
     figure(rows, f)
   return failures

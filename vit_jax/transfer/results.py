@@ -4,6 +4,7 @@ that task, so that tasks run side by side (`vit-transfer --launch`) never write 
 import contextlib
 import csv
 import io
+import re
 import uuid
 from typing import Iterator
 
@@ -23,29 +24,38 @@ def _read(path: epath.Path) -> list[Row]:
 
 
 @contextlib.contextmanager
-def writing(path: str | epath.Path) -> Iterator[None]:
-  """Names `path` in an OSError the block raises without a file name: a write or close that
-  fails (a full disk) says only "[Errno 28] No space left on device", not where."""
+def replacing(path: str | epath.Path) -> Iterator[epath.Path]:
+  """A file beside `path`, under a name of its own, that replaces `path` once the block has
+  written it: a reader never sees half, and writers side by side do not mix. A block that fails
+  leaves no such file, and its OSError names `path` where it named no file (a write or close
+  on a full disk says only "[Errno 28] No space left on device")."""
+  path = epath.Path(path)
+  partial = path.parent / f".{path.name}.{uuid.uuid4().hex}"
   try:
-    yield
-  except OSError as e:
-    if e.filename or e.errno is None:
-      raise
-    raise OSError(e.errno, e.strerror, str(path)) from e
+    yield partial
+  except BaseException as e:
+    with contextlib.suppress(OSError):
+      partial.unlink()
+    if isinstance(e, OSError) and not e.filename and e.errno is not None:
+      raise OSError(e.errno, e.strerror, str(path)) from e
+    raise
+  partial.replace(path)
+
+
+def replaced(name: str) -> str:
+  """The file a name of `replacing`'s stands in for (one a killed writer left), else `name`."""
+  found = re.fullmatch(r"\.(.+)\.[0-9a-f]{32}", name)
+  return found.group(1) if found else name
 
 
 def _write(path: epath.Path, rows: list[dict[str, object]]) -> None:
-  """Writes the whole file under a name of its own, then renames it over the file: a reader
-  never sees half, and writers side by side (the merged file) do not mix."""
   text = io.StringIO()
   writer = csv.DictWriter(text, FIELDS, lineterminator="\n")
   writer.writeheader()
   writer.writerows(rows)
   path.parent.mkdir(parents=True, exist_ok=True)
-  partial = path.parent / f".{path.name}.{uuid.uuid4().hex}"
-  with writing(path):
+  with replacing(path) as partial:
     partial.write_text(text.getvalue())
-  partial.replace(path)
 
 
 def task_rows(task_dir: str) -> list[Row]:
