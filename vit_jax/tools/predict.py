@@ -114,9 +114,9 @@ def predict(predictor: predictors.Predictor, paths: list[str], names: list[str],
     progress = stack.enter_context(tqdm.tqdm(
         total=len(paths), unit="img", file=sys.stderr, disable=None,  # None: on a terminal.
         desc=f"{predictor.format} {predictor.image_size}px"))
-    writer, rows_written = None, 0
-    for done, batch in batches(paths, predictor.image_size, batch_size, unreadable, progress,
-                               preprocessing):
+    writer = None
+    for i, (done, batch) in enumerate(batches(paths, predictor.image_size, batch_size,
+                                              unreadable, progress, preprocessing)):
       if writer is None:  # Opened at the first readable image: a refused run writes nothing.
         writer = csv.writer(stack.enter_context(open(out, "w", newline="")) if out
                             else sys.stdout)
@@ -127,9 +127,8 @@ def predict(predictor: predictors.Predictor, paths: list[str], names: list[str],
                                                 np.uint8)])
       # The runtime's first call says what it set up (LiteRT: "INFO: Created TensorFlow Lite
       # XNNPACK delegate for CPU."): the log's, not the console's.
-      with logs.native_logs() if rows_written == 0 else contextlib.nullcontext():
+      with logs.native_logs() if i == 0 else contextlib.nullcontext():
         logits = predictor(batch)
-      rows_written += len(done)
       top = label_lib.top_k(logits[:len(done)], names, k, sigmoid)
       for path, row in zip(done, top):
         writer.writerow([path, *[x for name, p in row for x in (name, f"{p:.6f}")]])
