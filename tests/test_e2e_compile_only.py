@@ -71,11 +71,12 @@ def test_single_host_compile_reports_memory_flops_collectives_and_a_bound(data_p
 
 
 @needs_libtpu
-def test_multislice_splits_data_over_the_slices():
+@pytest.mark.parametrize("mesh", [["--config.mesh.fsdp=4", "--config.mesh.dcn_data=2"],
+                                  ["--config.mesh.fsdp=-1"]])  # Both -1: pretrain:'s mesh.
+def test_multislice_splits_data_over_the_slices(mesh):
   """The run's multislice mesh: its data axis spans the slices (mesh.dcn_data, by default the
   slices found; one that is not is refused: test_sharding.py), fsdp stays within each."""
-  r = compile_json("v5litepod-4", "--num_slices=2", *MEDIUM, "--config.mesh.fsdp=4",
-                   "--config.mesh.dcn_data=2")
+  r = compile_json("v5litepod-4", "--num_slices=2", *MEDIUM, *mesh)
   assert (r["chips"], r["hosts"], r["num_slices"]) == (8, 2, 2)
   assert r["fits"] and r["mesh"] == {"data": 2, "fsdp": 4} and r["dcn_data"] == 2
 

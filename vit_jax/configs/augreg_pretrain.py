@@ -80,6 +80,7 @@ def get_config(arg: str = "b16,i21k,medium1"):
   c.optimizer.update(name="adamw", lr=1e-3, b1=0.9, b2=0.999, weight_decay=0.1,
                      decay="cosine", grad_clip_norm=1.0, mu_dtype="bfloat16")
   c.dtype = "bfloat16"
+  c.mesh.fsdp = -1  # Parameters and optimizer state split over a slice, as pretrain.py's.
   c.log_every_steps = 100
   c.eval_every_steps = 5000
   c.checkpoint_every_steps = 2000

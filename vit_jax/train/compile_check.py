@@ -358,14 +358,15 @@ def eval_resident_bytes(train: StepStats, evaluate: StepStats) -> int:
 def candidates(c: ml_collections.ConfigDict, chips: int, plan: bool = False
                ) -> list[dict[str, Any]]:
   """Changes to try, cheapest first: the parameters and optimizer state split over more
-  chips (mesh.fsdp x2, x4, x8: more communication, same work), then rematerialisation
-  (about a third more FLOPs), then both, then smaller micro-batches (accum_steps x2, x4: the
-  chips less busy per step), then all of it. `plan` starts from fsdp=1 without remat, so
-  that the first fit is the mesh and remat to use."""
-  base = {"mesh.data": -1, "mesh.fsdp": 1, "model.remat": False} if plan else {}
-  fsdp0 = 1 if plan else _fsdp_of(c, chips)
+  chips (mesh.fsdp x2, x4, x8: a smaller part of the update each, one gather of the weights a
+  step), then rematerialisation (about a third more FLOPs), then both, then smaller
+  micro-batches (accum_steps x2, x4: the chips less busy per step), then all of it. `plan`
+  starts from the config's mesh without remat, so that the first fit is the mesh and remat
+  to use."""
+  base = {"model.remat": False} if plan else {}
+  fsdp0 = _fsdp_of(c, chips)
   fsdps = [f for f in (2 * fsdp0, 4 * fsdp0, 8 * fsdp0) if f <= chips and chips % f == 0]
-  sharded = [base | {"mesh.data": -1, "mesh.fsdp": f} for f in fsdps]
+  sharded = [{"mesh.data": -1, "mesh.fsdp": f} | base for f in fsdps]
   remat = [] if c.model.remat and not plan else [base | {"model.remat": True}]
   both = [s | {"model.remat": True} for s in sharded[-1:]] if remat else []
   accums = [base | {"accum_steps": c.accum_steps * k} for k in (2, 4)
@@ -381,7 +382,7 @@ def candidates(c: ml_collections.ConfigDict, chips: int, plan: bool = False
 def _fsdp_of(c: ml_collections.ConfigDict, chips: int) -> int:
   if c.mesh.fsdp != -1:
     return c.mesh.fsdp
-  return chips // c.mesh.data
+  return chips // c.mesh.data if c.mesh.data != -1 else chips  # Both -1: the slice's chips.
 
 
 @dataclasses.dataclass

@@ -72,15 +72,22 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, loss_nam
   metrics: the batch's `loss` and the gradients' global norm, `grad_norm`.
   """
 
+  replicated = NamedSharding(mesh, P())
+  sharded = mesh.shape["fsdp"] > 1
+
   def step_fn(state: TrainState, batch: dict[str, jax.Array]):
     dropout_rng = jax.random.fold_in(rng, state.step)
 
     def compute_loss(params):
+      if sharded:  # sharding.gather_once: the weights whole for the step, gathered once.
+        params = jax.lax.with_sharding_constraint(params, replicated)
       logits = model.apply({"params": params}, batch["image"], train=True,
                            rngs={"dropout": dropout_rng})
       return losses.mean_loss(loss_name, logits, batch["label"], label_smoothing)
 
     loss, grads = jax.value_and_grad(compute_loss)(state.params)
+    if sharded:  # Each device reduces and updates its own part.
+      grads = jax.lax.with_sharding_constraint(grads, state_shardings.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     ema = state.ema_params
@@ -90,6 +97,5 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, loss_nam
                            ema_params=ema)
     return new_state, {"loss": loss, "grad_norm": optax.global_norm(grads)}
 
-  replicated = NamedSharding(mesh, P())
   return jax.jit(step_fn, in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
                  out_shardings=(state_shardings, replicated), donate_argnums=(0,))
