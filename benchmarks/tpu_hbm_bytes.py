@@ -11,8 +11,9 @@ an operand a fusion reads twice (counted once) and where the compiler keeps a sm
 VMEM (counted as moved, as XLA counts it). A fusion is named for the first role of what it computes
 (gpu_kernels.ROLES: `transpose(jvp(...))` in an op's name is the backward pass), with the roles
 it also fuses beside it. Its HBM side counts only the arrays in HBM (the layout names no other
-memory space: S(1) is VMEM) and a copy between HBM and VMEM once: what the HBM's bandwidth
-carries, which XLA's figure overstates where libtpu keeps activations in VMEM.
+memory space: S(1) is VMEM), a copy between HBM and VMEM once and an async slice of an array
+in HBM at the slice's size: what the HBM's bandwidth carries, which XLA's figure overstates
+where libtpu keeps activations in VMEM and reads them into it in slices.
 
   PYTHONPATH=. python benchmarks/tpu_hbm_bytes.py --config pretrain:b16,i21k \
       --topology v5litepod-16 [--set model.num_layers=2 ...] [--hlo_out step.hlo.txt]
@@ -102,6 +103,9 @@ def moved(module: g.Module, instr: g.Instruction, hbm_side: bool = False) -> flo
   if op.endswith("-start"):  # (operands..., results..., contexts): the results once.
     arrays = [s for s in outputs if not re.match(r"(u32|s32)\[\]", s)]
     outputs = arrays[len(arrays) // 2:] if len(arrays) > 1 else arrays
+  if op == "slice-start" and hbm_side:  # HBM gives the slice, not the whole operand.
+    part = sum(map(g.shape_bytes, outputs))
+    return sum(map(size, outputs)) + (part if size(module.operand_shape(instr.operands[0])) else 0)
   total = sum(map(size, outputs))
   seen = set()
   for k, operand in enumerate(instr.operands):

@@ -91,11 +91,11 @@ ENTRY %main (p: f32[768,12,64], q: f32[8,128]) -> f32[8,128] {
   moved = {i.name: tpu_hbm_bytes.moved(module, i) for i in module.computations[module.entry]}
   assert moved == {"p": 0, "q": 0, "s": 768 * 12 * 64 * 4 + 768 * 3 * 64 * 4, "sd": 0,
                    "cb": 0, "cs": 2 * 8 * 128 * 4, "cd": 2 * 8 * 128 * 4}
-  # The HBM side alone: the slice reads its operand from HBM into VMEM (S(1)), the copy
-  # reads q from HBM once; nothing read from or written to VMEM counts.
+  # The HBM side alone: the slice reads its part of p (3 of 12 heads) from HBM into VMEM
+  # (S(1)), the copy reads q from HBM once; nothing read from or written to VMEM counts.
   hbm = {i.name: tpu_hbm_bytes.moved(module, i, hbm_side=True)
          for i in module.computations[module.entry]}
-  assert hbm == {"p": 0, "q": 0, "s": 768 * 12 * 64 * 4, "sd": 0, "cb": 0, "cs": 8 * 128 * 4,
+  assert hbm == {"p": 0, "q": 0, "s": 768 * 3 * 64 * 4, "sd": 0, "cb": 0, "cs": 8 * 128 * 4,
                  "cd": 0}
 
 
