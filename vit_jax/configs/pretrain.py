@@ -44,7 +44,7 @@ def get_config(arg: str = "b16,i1k"):
   # end-to-end runs learn as with a float32 stream (benchmarks/README.md).
   c.model.residual_dtype = "bfloat16"
   # Parameters and optimizer state split over a slice's devices, the bf16 weights gathered
-  # once a step (sharding.py): ViT-B/16 moves 8% fewer bytes a step on v5e, v6e and v4.
+  # once a step (sharding.py): ViT-B/16 moves 5-8% fewer bytes a step on v4, v5e and v6e.
   c.mesh.fsdp = -1
   c.log_every_steps = 100
   c.eval_every_steps = 5000

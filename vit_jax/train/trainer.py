@@ -79,7 +79,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, loss_nam
     dropout_rng = jax.random.fold_in(rng, state.step)
 
     def compute_loss(params):
-      if sharded:  # sharding.gather_once: the weights whole for the step, gathered once.
+      if sharded:  # The weights whole for the step, gathered once (sharding.py says why).
         params = jax.lax.with_sharding_constraint(params, replicated)
       logits = model.apply({"params": params}, batch["image"], train=True,
                            rngs={"dropout": dropout_rng})
