@@ -30,9 +30,9 @@ def make_mesh(data: int = -1, fsdp: int = 1, devices: Sequence[Any] | None = Non
   n = len(devices) if devices is not None else jax.device_count()
   found = devices or jax.devices()
   slices = len({getattr(d, "slice_index", 0) for d in found})
-  if data == -1 and fsdp == -1:
-    tpu = found[0].platform == "tpu"
-    data = slices if tpu else len({d.process_index for d in found})
+  granules = slices if slices > 1 else len({d.process_index for d in found})
+  if data == -1 and fsdp == -1:  # A TPU slice's hosts share its ICI: one granule, not many.
+    data = slices if found[0].platform == "tpu" else granules
   if data == -1:
     data = n // fsdp
   if fsdp == -1:
@@ -44,7 +44,6 @@ def make_mesh(data: int = -1, fsdp: int = 1, devices: Sequence[Any] | None = Non
   dcn_data = slices if dcn_data == -1 else dcn_data
   if dcn_data == 1 and slices == 1:
     return jax.make_mesh((data, fsdp), ("data", "fsdp"), axis_types=axis_types, devices=devices)
-  granules = slices if slices > 1 else len({d.process_index for d in found})
   if dcn_data != granules or data % dcn_data:
     raise ValueError(f"config.mesh: dcn_data={dcn_data} must be the {granules} "
                      f"{'slices' if slices > 1 else 'processes'} the devices span, and divide "
