@@ -65,6 +65,27 @@ def test_a_plan_tries_fsdp_remat_and_accumulation_together_last():
   assert found[-1] == {"mesh.data": -1, "mesh.fsdp": 8, "model.remat": True, "accum_steps": 4}
 
 
+@pytest.mark.parametrize("config, chips, whole_at", [
+    ("pretrain:h14,i21k", 16, 0),  # The state split over the slice: nothing to split further.
+    ("pretrain:b16,i21k", 64, 0),
+    ("finetune:b16,cifar10", 16, None)])  # The state whole already.
+def test_a_split_state_is_tried_whole_before_remat(config, chips, whole_at):
+  """ViT-H/14 on tpu7x-16: the step with its state split over the slice needs remat by the
+  check's count (271 ms a step, bound by compute), the same step with the state whole fits
+  without (223 ms); the search tried remat only."""
+  from vit_jax import configs
+  from vit_jax.train import compile_check
+  c = configs.get_config(config)
+  for plan in (False, True):
+    found = compile_check.candidates(c, chips, plan)
+    whole = {"mesh.data": -1, "mesh.fsdp": 1} | ({"model.remat": False} if plan else {})
+    if whole_at is None:
+      assert all(o.get("mesh.fsdp") != 1 for o in found)
+      continue
+    assert found.index(whole) == whole_at + plan
+    assert found.index(whole) < next(i for i, o in enumerate(found) if o.get("model.remat"))
+
+
 
 @needs_libtpu
 @pytest.mark.parametrize("name, chips", [("v5e:1x1", 1), ("v5litepod-1", 1), ("v5e:1x2", 2),

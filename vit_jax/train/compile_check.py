@@ -359,14 +359,16 @@ def candidates(c: ml_collections.ConfigDict, chips: int, plan: bool = False
                ) -> list[dict[str, Any]]:
   """Changes to try, cheapest first: the parameters and optimizer state split over more
   chips (mesh.fsdp x2, x4, x8: a smaller part of the update each, one gather of the weights a
-  step), then rematerialisation (about a third more FLOPs), then both, then smaller
-  micro-batches (accum_steps x2, x4: the chips less busy per step), then all of it. `plan`
-  starts from the config's mesh without remat, so that the first fit is the mesh and remat
-  to use."""
+  step), then, where the config splits them, whole on every chip (the same FLOPs; libtpu's
+  scheduler fills the HBM a split frees, so a split step can need more: ViT-H/14 on tpu7x-16),
+  then rematerialisation (about a third more FLOPs), then both, then smaller micro-batches
+  (accum_steps x2, x4: the chips less busy per step), then all of it. `plan` starts from the
+  config's mesh without remat, so that the first fit is the mesh and remat to use."""
   base = {"model.remat": False} if plan else {}
   fsdp0 = _fsdp_of(c, chips)
   fsdps = [f for f in (2 * fsdp0, 4 * fsdp0, 8 * fsdp0) if f <= chips and chips % f == 0]
   sharded = [{"mesh.data": -1, "mesh.fsdp": f} | base for f in fsdps]
+  whole = [{"mesh.data": -1, "mesh.fsdp": 1} | base] if fsdp0 > 1 else []
   remat = [] if c.model.remat and not plan else [base | {"model.remat": True}]
   both = [s | {"model.remat": True} for s in sharded[-1:]] if remat else []
   accums = [base | {"accum_steps": c.accum_steps * k} for k in (2, 4)
@@ -374,7 +376,7 @@ def candidates(c: ml_collections.ConfigDict, chips: int, plan: bool = False
             and (c.batch_size // (c.accum_steps * k)) % chips == 0]
   last = ([(both or sharded or remat or [base])[-1] | {"accum_steps": accums[-1]["accum_steps"]}]
           if accums else [])
-  found = ([base] if plan else []) + sharded + remat + both + accums
+  found = ([base] if plan else []) + sharded + whole + remat + both + accums
   # All of it is always tried: a search that cuts it never tried what fits last.
   return found[:MAX_CANDIDATES - len(last)] + last
 
