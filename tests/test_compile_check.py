@@ -86,7 +86,6 @@ def test_a_split_state_is_tried_whole_before_remat(config, chips, whole_at):
     assert found.index(whole) < next(i for i, o in enumerate(found) if o.get("model.remat"))
 
 
-
 @needs_libtpu
 @pytest.mark.parametrize("name, chips", [("v5e:1x1", 1), ("v5litepod-1", 1), ("v5e:1x2", 2),
                                          ("v6e-1", 1)])
