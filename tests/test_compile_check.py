@@ -65,6 +65,20 @@ def test_a_plan_tries_fsdp_remat_and_accumulation_together_last():
   assert found[-1] == {"mesh.data": -1, "mesh.fsdp": 8, "model.remat": True, "accum_steps": 4}
 
 
+@pytest.mark.parametrize("remat, first", [(None, {}), (False, {}), (True, {"model.remat": False})])
+def test_a_plan_starts_from_the_config_turning_remat_off_only_where_it_is_on(remat, first):
+  """A plan's first compile is the config's mesh without remat; where the config has none,
+  `Use: --config.model.remat=False` said nothing the config did not."""
+  from vit_jax import configs
+  from vit_jax.train import compile_check
+  c = configs.get_config("pretrain:b16,i21k")
+  c.model.remat = remat
+  found = compile_check.candidates(c, 16, plan=True)
+  assert found[0] == first
+  if not remat:
+    assert not any(o.get("model.remat") is False for o in found)
+
+
 @pytest.mark.parametrize("config, chips, whole_at", [
     ("pretrain:h14,i21k", 16, 0),  # The state split over the slice: nothing to split further.
     ("pretrain:b16,i21k", 64, 0),
@@ -78,7 +92,7 @@ def test_a_split_state_is_tried_whole_before_remat(config, chips, whole_at):
   c = configs.get_config(config)
   for plan in (False, True):
     found = compile_check.candidates(c, chips, plan)
-    whole = {"mesh.data": -1, "mesh.fsdp": 1} | ({"model.remat": False} if plan else {})
+    whole = {"mesh.data": -1, "mesh.fsdp": 1}
     if whole_at is None:
       assert all(o.get("mesh.fsdp") != 1 for o in found)
       continue

@@ -113,6 +113,13 @@ def test_plan_chooses_the_mesh_and_remat():
 
 
 @needs_libtpu
+def test_a_plan_where_the_config_fits_says_so():
+  result = train_cli("--plan", "--topology", "v5e:2x2")
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.splitlines()[-1] == "Use: the config as given"
+
+
+@needs_libtpu
 def test_a_plan_out_of_time_ends_with_its_verdict_and_sigterm_with_one_line(tmp_path, children):
   """--plan_timeout: one line, the closest candidate so far; SIGTERM during a compile: one line,
   not libtpu's stack trace, at once."""

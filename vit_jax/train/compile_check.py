@@ -364,7 +364,7 @@ def candidates(c: ml_collections.ConfigDict, chips: int, plan: bool = False
   then rematerialisation (about a third more FLOPs), then both, then smaller micro-batches
   (accum_steps x2, x4: the chips less busy per step), then all of it. `plan` starts from the
   config's mesh without remat, so that the first fit is the mesh and remat to use."""
-  base = {"model.remat": False} if plan else {}
+  base = {"model.remat": False} if plan and c.model.remat else {}
   fsdp0 = _fsdp_of(c, chips)
   fsdps = [f for f in (2 * fsdp0, 4 * fsdp0, 8 * fsdp0) if f <= chips and chips % f == 0]
   sharded = [{"mesh.data": -1, "mesh.fsdp": f} | base for f in fsdps]
