@@ -49,7 +49,7 @@ def row(name: str, slice_name: str) -> dict[str, Any]:
   shown = found.given if found.given.fits else found.found
   out = dict(config=name, slice=slice_name, chips=topology.chips, compile_s=time.time() - t0,
              fits=found.given.fits, fix=None if found.given.fits else (
-                 " ".join(shown.flags()) if shown else f"none of {len(found.tried)} fits"))
+                 shown.described() if shown else f"none of {len(found.tried)} fits"))
   if shown is not None:
     out["report"] = compile_check.report(c, topology, shown)
   return out

@@ -1,5 +1,7 @@
 """train/compile_check.py: accelerator types in JAX's spelling, and a multi-host slice's steps
 compiled for TPU without a TPU (the command line's compiles: test_e2e_compile_only.py)."""
+import types
+
 import pytest
 
 from helpers import TINY_CONFIG, needs_libtpu
@@ -77,6 +79,23 @@ def test_a_plan_starts_from_the_config_turning_remat_off_only_where_it_is_on(rem
   assert found[0] == first
   if not remat:
     assert not any(o.get("model.remat") is False for o in found)
+
+
+@pytest.mark.parametrize("overrides, named", [
+    ({}, "the config as given"),  # A plan's first compile.
+    ({"model.remat": True}, "--config.model.remat=True"),
+    ({"mesh.data": -1, "mesh.fsdp": 1}, "--config.mesh.data=-1 --config.mesh.fsdp=1")])
+def test_every_line_that_names_a_compile_names_it(overrides, named):
+  """A plan's first compile changes nothing: its flags are none, and the timeout line read
+  "the closest, , is 1.00 GiB per chip over"."""
+  from vit_jax.train import compile_check, compile_search, tpu_specs
+  over = compile_check.Attempt(overrides, 1, (1, 1), "xla", over_bytes=tpu_specs.GiB)
+  fits = compile_check.Attempt(overrides, 1, (1, 1), "xla")
+  assert f"the closest, {named}, is 1.00 GiB per chip over" in compile_search._timeout_line(
+      compile_check.Search(None, [over]), 60)
+  slice_ = types.SimpleNamespace(name="v5e:2x2", chips=4, unit="chip")
+  assert f"it fits with {named} (the first" in compile_search.no_fit_line(
+      compile_check.Search(None, [over, fits]), slice_, "tiny")
 
 
 @pytest.mark.parametrize("config, chips, whole_at", [

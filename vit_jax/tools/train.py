@@ -96,7 +96,7 @@ def _compile_only() -> int:
     print(json.dumps(report, indent=1) if FLAGS.json else compile_check.format_report(report))
   if FLAGS.plan and found.found:
     if not FLAGS.json:
-      print("Use: " + (" ".join(found.found.flags()) or "the config as given"))
+      print("Use: " + found.found.described())
     return 0
   if shown is not None and shown.fits:
     return 0

@@ -249,6 +249,10 @@ class Attempt:
   def flags(self) -> list[str]:
     return [f"--config.{k}={v}" for k, v in self.overrides.items()]
 
+  def described(self) -> str:
+    """Its flags, or what no flags mean (a plan's first compile is the config itself)."""
+    return " ".join(self.flags()) or "the config as given"
+
 
 def take_pretrained_model(c: ml_collections.ConfigDict,
                           parent: description.Description | None = None) -> None:
@@ -473,7 +477,7 @@ def search(c: ml_collections.ConfigDict, topology: Topology, num_classes: int,
       refused.append(e)
       continue
     out.tried.append(a)
-    log(f"tried {' '.join(a.flags()) or 'the config as given'} in {a.compile_s:.0f} s: "
+    log(f"tried {a.described()} in {a.compile_s:.0f} s: "
         f"{'fits' if a.fits else 'does not fit'}")
     if a.fits:
       break

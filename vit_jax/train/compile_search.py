@@ -65,7 +65,7 @@ def _timeout_line(found: compile_check.Search, timeout_s: int) -> str:
           f"{timeout_s} s, none fits yet")
   if found.tried:
     closest = min(found.tried, key=lambda a: a.over_bytes)
-    line += (f"; the closest, {' '.join(closest.flags())}, is "
+    line += (f"; the closest, {closest.described()}, is "
              f"{closest.over_bytes / tpu_specs.GiB:.2f} GiB per chip over")
   return line + ": give the search more time (--plan_timeout) or use a bigger slice"
 
@@ -82,5 +82,5 @@ def no_fit_line(found: compile_check.Search, topology: compile_check.Topology,
   if found.found is None:
     return (f"{head}; none of the {n} changes compiled fits (mesh.fsdp, model.remat, "
             "accum_steps): use a bigger slice")
-  return (f"{head}; it fits with {' '.join(found.found.flags())} (the first that fit of {n} "
+  return (f"{head}; it fits with {found.found.described()} (the first that fit of {n} "
           "changes compiled, cheapest first)")
