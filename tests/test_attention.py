@@ -2,9 +2,11 @@
 
 - "xla" in float32 is jax.nn.dot_product_attention's XLA path exactly, forward and gradients
   within float32 rounding; in bfloat16 it is as close to the float32 values as JAX's own.
-- "pallas" (the TPU splash kernel, run here in Pallas' interpreter) equals "xla" forward and
-  backward at 197 tokens (padded to 256 and masked) and for one query (the MAP head), in a
-  whole ViT under a mesh of 8 devices too.
+- "pallas" (run here in Pallas' interpreter) equals "xla" forward and backward: the resident
+  kernel for every head grouping the models have and one query (the MAP head), the splash
+  kernel at 197 tokens (padded to 256 and masked) and for one query, and in a whole ViT under
+  a mesh of 8 devices too. Each takes the sequences it should, and the resident kernel
+  compiles for every TPU chip at the most tokens it takes.
 - "cudnn"'s padding of odd lengths changes no value or gradient.
 - "auto": cuDNN on a capable GPU, the Pallas kernel on a TPU chip it compiles for (v5e, through
   libtpu), XLA where it does not (v3) and on CPU.
@@ -22,7 +24,7 @@ import pytest
 
 from helpers import needs_libtpu
 from vit_jax import models
-from vit_jax.models import attention
+from vit_jax.models import attention, resident_attention
 from vit_jax.models.layer_norm import LayerNorm
 
 def qkv(shape=(2, 197, 3, 64), kv_tokens=None, seed=0):
@@ -81,6 +83,60 @@ def test_pallas_kernel_equals_the_xla_path(tokens, kv_tokens, dtype, tol):
   q, k, v = qkv((2, tokens, 2, 64), kv_tokens)
   want = value_and_grads(attention.xla_attention, q, k, v, dtype)
   assert max(max_errors(value_and_grads(INTERPRETED, q, k, v, dtype), want)) < tol
+
+
+RESIDENT = functools.partial(resident_attention.attention, interpret=True)
+
+
+@pytest.mark.parametrize("shape,kv_tokens", [
+    ((2, 197, 12, 64), None), ((2, 1, 12, 64), 197), ((2, 257, 16, 80), None),
+    ((2, 50, 3, 64), None)], ids=["B/16: 4 heads a step", "MAP head", "H/14: 2 heads a step",
+                                  "Ti/16: 3 heads, all"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_resident_kernel_equals_the_xla_path(shape, kv_tokens, dtype):
+  """Values and gradients. In float32 equal within float32 rounding; in bfloat16 no further
+  from the float32 values than the XLA path's own bfloat16 arithmetic."""
+  q, k, v = qkv(shape, kv_tokens)
+  got = value_and_grads(RESIDENT, q, k, v, dtype)
+  if dtype == jnp.float32:
+    assert max(max_errors(got, value_and_grads(attention.xla_attention, q, k, v, dtype))) < 1e-5
+    return
+  reference = value_and_grads(attention.xla_attention, q, k, v, jnp.float32)
+  xla = max_errors(value_and_grads(attention.xla_attention, q, k, v, dtype), reference)
+  for ours, theirs in zip(max_errors(got, reference), xla):  # Output, dq, dk, dv.
+    assert ours < 1.5 * theirs
+
+
+@pytest.mark.parametrize("heads,head_dim,group", [
+    (12, 64, 4), (16, 64, 4), (16, 80, 2), (3, 64, 3), (12, 72, 3), (5, 20, 5), (7, 100, 7)])
+def test_a_grid_step_takes_whole_tiles_of_heads(heads, head_dim, group):
+  """At most 256 rows a step, a multiple of 8 (a tile's sublanes) unless all heads."""
+  assert resident_attention.heads_in_group(heads, head_dim) == group
+
+
+@pytest.mark.parametrize("q_len,kv_len,kernel", [
+    (197, 197, "forward_kernel"), (1, 577, "forward_kernel"), (577, 577, "forward_kernel"),
+    (578, 578, "splash"), (1, 578, "splash"), (1025, 1025, "splash")])
+def test_the_pallas_path_takes_the_resident_kernel_up_to_its_limit(q_len, kv_len, kernel):
+  q = jax.ShapeDtypeStruct((1, q_len, 2, 64), jnp.bfloat16)
+  kv = jax.ShapeDtypeStruct((1, kv_len, 2, 64), jnp.bfloat16)
+  jaxpr = str(jax.make_jaxpr(functools.partial(attention._pallas, interpret=True))(q, kv, kv))
+  assert kernel in jaxpr and ("splash" in jaxpr) == (kernel == "splash")
+
+
+@needs_libtpu
+@pytest.mark.parametrize("chip", ["v4:2x2x1", "v5e:2x2", "v5p:2x2x1", "v6e:2x2", "tpu7x:2x2x1"])
+def test_the_resident_kernel_compiles_at_its_limit_on_every_chip(chip):
+  """Forward and backward at MAX_TOKENS, heads of 64 and 80 dimensions (grouped as the models
+  group them), bfloat16 and float32: the scores of a whole sequence fit each chip's VMEM."""
+  from jax.experimental import topologies
+  device = topologies.get_topology_desc(platform="tpu", topology_name=chip).devices[0]
+  for heads, head_dim in ((12, 64), (16, 80)):
+    for dtype in (jnp.bfloat16, jnp.float32):
+      x = jax.ShapeDtypeStruct((2, resident_attention.MAX_TOKENS, heads, head_dim), dtype,
+                               sharding=jax.sharding.SingleDeviceSharding(device))
+      loss = lambda q, k, v: resident_attention.attention(q, k, v).astype(jnp.float32).sum()  # noqa: E731
+      jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(x, x, x).compile()
 
 
 @pytest.mark.parametrize("head_dim", [64, 80])
@@ -169,8 +225,8 @@ def test_the_fused_backward_kernel_takes_all_keys_in_one_block():
 @pytest.mark.slow
 def test_pallas_in_a_vit_under_a_mesh_equals_xla(monkeypatch):
   """The kernel per device's part of the batch (shard_map over the run's mesh of 8): a ViT's
-  loss and every gradient as the XLA path gives them."""
-  monkeypatch.setattr(attention, "_splash", INTERPRETED)
+  loss and every gradient as the XLA path gives them (17 tokens: the resident kernel)."""
+  monkeypatch.setattr(attention, "_pallas", functools.partial(attention._pallas, interpret=True))
   mesh = jax.make_mesh((4, 2), ("data", "fsdp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
   images = np.random.default_rng(1).normal(size=(8, 32, 32, 3)).astype(np.float32)
   labels = np.arange(8) % 5

@@ -8,9 +8,11 @@
   bf16 tensor a block, where autodiff of the float32 softmax keeps two float32 ones and a
   bf16 one (3x the HBM and most of the traffic).
 - "cudnn": cuDNN's fused flash attention (NVIDIA GPU, 16-bit inputs).
-- "pallas": JAX's Pallas splash attention kernel for TPU: no (batch, heads, tokens, tokens)
-  tensor in HBM at all; the backward pass recomputes the scores from each row's log-sum-exp.
-  Tokens are padded to whole blocks of 128 (197 -> 256), the pad masked out.
+- "pallas": Pallas kernels for TPU, no (batch, heads, tokens, tokens) tensor in HBM at all:
+  up to resident_attention.MAX_TOKENS tokens our own, reading and writing the projections'
+  arrays as they lie, each image's whole sequence in VMEM (resident_attention.py); longer
+  sequences JAX's splash kernel, tokens padded to whole blocks of 128, the pad masked out.
+  Both backward passes recompute the scores.
 
 `resolve` maps "auto" (and None, JAX's own default: XLA) to a path for a device.
 """
@@ -56,15 +58,19 @@ def resolve(impl: Optional[str], dtype: Any, head_dim: int, device: Any = None) 
 
 @functools.lru_cache(maxsize=None)
 def pallas_compiles(device: Any, head_dim: int, dtype: str) -> bool:
-  """Whether the TPU kernel, forward and backward, compiles for `device` (a real or a
-  compile-only TPU device): one block of tokens, one head, the model's head size and dtype."""
-  shape = jax.ShapeDtypeStruct((1, PALLAS_BLOCK, 1, head_dim), jnp.dtype(dtype),
-                               sharding=jax.sharding.SingleDeviceSharding(device))
-  loss = lambda q, k, v: _splash(q, k, v).astype(jnp.float32).sum()  # noqa: E731
-  try:
-    jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(shape, shape, shape).compile()
-  except Exception:  # Mosaic's refusals are of many types; any of them means "not here".
-    return False
+  """Whether both TPU kernels, forward and backward, compile for `device` (a real or a
+  compile-only TPU device): one head of the model's head size and dtype, one block of tokens
+  for the splash kernel and the most the resident kernel takes."""
+  from vit_jax.models import resident_attention
+  for kernel, tokens in ((_splash, PALLAS_BLOCK),
+                         (resident_attention.attention, resident_attention.MAX_TOKENS)):
+    shape = jax.ShapeDtypeStruct((1, tokens, 1, head_dim), jnp.dtype(dtype),
+                                 sharding=jax.sharding.SingleDeviceSharding(device))
+    loss = lambda q, k, v, kernel=kernel: kernel(q, k, v).astype(jnp.float32).sum()  # noqa: E731
+    try:
+      jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(shape, shape, shape).compile()
+    except Exception:  # Mosaic's refusals are of many types; any of them means "not here".
+      return False
   return True
 
 
@@ -140,17 +146,25 @@ xla_attention.defvjp(_xla_attention_fwd, _xla_attention_bwd)
 
 
 def pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-  """The "pallas" path: JAX's TPU splash attention kernel. Under a mesh (`jax.set_mesh`) it
-  runs on each device's part of the batch (a Mosaic kernel is not partitioned by XLA); a
-  batch the mesh cannot split (model.init's one example) takes the XLA path."""
+  """The "pallas" path (`_pallas`). Under a mesh (`jax.set_mesh`) it runs on each device's
+  part of the batch (a Mosaic kernel is not partitioned by XLA); a batch the mesh cannot
+  split (model.init's one example) takes the XLA path."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
-    return _splash(q, k, v)
+    return _pallas(q, k, v)
   if q.shape[0] % mesh.size:
     return dot_product_attention(q, k, v, "xla")
   spec = jax.sharding.PartitionSpec(mesh.axis_names)  # The batch over every axis.
-  return jax.shard_map(_splash, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec,
+  return jax.shard_map(_pallas, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec,
                        check_vma=False)(q, k, v)
+
+
+def _pallas(q, k, v, interpret: bool = False):
+  """The resident kernel where the sequences fit it, else the splash kernel."""
+  from vit_jax.models import resident_attention
+  if max(q.shape[1], k.shape[1]) <= resident_attention.MAX_TOKENS:
+    return resident_attention.attention(q, k, v, interpret)
+  return _splash(q, k, v, interpret)
 
 
 def _splash(q, k, v, interpret: bool = False):
