@@ -124,6 +124,17 @@ def test_the_pallas_path_takes_the_resident_kernel_up_to_its_limit(q_len, kv_len
   assert kernel in jaxpr and ("splash" in jaxpr) == (kernel == "splash")
 
 
+@pytest.mark.parametrize("impl,kernel", [("pallas", "forward_kernel"), ("splash", "splash")])
+def test_each_pallas_path_takes_its_kernel_at_197_tokens(monkeypatch, impl, kernel):
+  for name in ("_pallas", "_splash"):
+    monkeypatch.setattr(attention, name,
+                        functools.partial(getattr(attention, name), interpret=True))
+  x = jax.ShapeDtypeStruct((2, 197, 2, 64), jnp.bfloat16)
+  jaxpr = str(jax.make_jaxpr(functools.partial(attention.dot_product_attention, impl=impl))(
+      x, x, x))
+  assert kernel in jaxpr and ("splash" in jaxpr) == (impl == "splash")
+
+
 @needs_libtpu
 @pytest.mark.parametrize("chip", ["v4:2x2x1", "v5e:2x2", "v5p:2x2x1", "v6e:2x2", "tpu7x:2x2x1"])
 def test_the_resident_kernel_compiles_at_its_limit_on_every_chip(chip):
@@ -223,10 +234,14 @@ def test_the_fused_backward_kernel_takes_all_keys_in_one_block():
 
 
 @pytest.mark.slow
-def test_pallas_in_a_vit_under_a_mesh_equals_xla(monkeypatch):
+@pytest.mark.parametrize("impl", ["pallas", "splash"])
+def test_pallas_in_a_vit_under_a_mesh_equals_xla(monkeypatch, impl):
   """The kernel per device's part of the batch (shard_map over the run's mesh of 8): a ViT's
-  loss and every gradient as the XLA path gives them (17 tokens: the resident kernel)."""
-  monkeypatch.setattr(attention, "_pallas", functools.partial(attention._pallas, interpret=True))
+  loss and every gradient as the XLA path gives them (17 tokens: "pallas" takes the resident
+  kernel, "splash" pads them to 128)."""
+  for name in ("_pallas", "_splash"):
+    monkeypatch.setattr(attention, name,
+                        functools.partial(getattr(attention, name), interpret=True))
   mesh = jax.make_mesh((4, 2), ("data", "fsdp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
   images = np.random.default_rng(1).normal(size=(8, 32, 32, 3)).astype(np.float32)
   labels = np.arange(8) % 5
@@ -249,7 +264,7 @@ def test_pallas_in_a_vit_under_a_mesh_equals_xla(monkeypatch):
   def flat(tree):
     return np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])
 
-  want, got = flat(loss_and_grads("xla")), flat(loss_and_grads("pallas"))
+  want, got = flat(loss_and_grads("xla")), flat(loss_and_grads(impl))
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.max(np.abs(want)))
 
 
@@ -286,6 +301,7 @@ def test_auto_picks_cudnn_only_on_a_capable_gpu():
   assert attention.resolve("auto", jnp.bfloat16, 64) == "xla"  # This CPU.
   assert attention.resolve(None, jnp.bfloat16, 64, h100) == "xla"  # JAX's default.
   assert attention.resolve("pallas", jnp.bfloat16, 64) == "pallas"  # Asked for: taken.
+  assert attention.resolve("splash", jnp.bfloat16, 64) == "splash"
 
 
 @needs_libtpu

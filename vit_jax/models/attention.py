@@ -13,17 +13,19 @@
   arrays as they lie, each image's whole sequence in VMEM (resident_attention.py); longer
   sequences JAX's splash kernel, tokens padded to whole blocks of 128, the pad masked out.
   Both backward passes recompute the scores.
+- "splash": the splash kernel whatever the length (the kernel "pallas" took before the resident
+  one: to compare the two on a chip, or to run without the resident one).
 
 `resolve` maps "auto" (and None, JAX's own default: XLA) to a path for a device.
 """
 import functools
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-IMPLS = (None, "auto", "xla", "cudnn", "pallas")
+IMPLS = (None, "auto", "xla", "cudnn", "pallas", "splash")
 PALLAS_BLOCK = 128  # The TPU kernel's tokens come in blocks of 128 (its lane width).
 
 
@@ -83,8 +85,8 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, impl: str) -
     if q.dtype == jnp.float32:
       return jax.nn.dot_product_attention(q, k, v)
     return xla_attention(q, k, v)
-  if impl == "pallas":
-    return pallas_attention(q, k, v)
+  if impl in ("pallas", "splash"):
+    return pallas_attention(q, k, v, _pallas if impl == "pallas" else _splash)
   if impl == "cudnn":
     return _cudnn_attention(q, k, v)
   raise ValueError(f"attention path {impl!r}: resolve() first.")
@@ -145,17 +147,19 @@ def _xla_attention_bwd(residuals, d_out):
 xla_attention.defvjp(_xla_attention_fwd, _xla_attention_bwd)
 
 
-def pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-  """The "pallas" path (`_pallas`). Under a mesh (`jax.set_mesh`) it runs on each device's
-  part of the batch (a Mosaic kernel is not partitioned by XLA); a batch the mesh cannot
-  split (model.init's one example) takes the XLA path."""
+def pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array,
+                     kernel: Callable[..., jax.Array]) -> jax.Array:
+  """A Pallas path: `kernel` (`_pallas` or `_splash`) on (batch, tokens, heads, head_dim)
+  inputs. Under a mesh (`jax.set_mesh`) it runs on each device's part of the batch (a Mosaic
+  kernel is not partitioned by XLA); a batch the mesh cannot split (model.init's one example)
+  takes the XLA path."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
-    return _pallas(q, k, v)
+    return kernel(q, k, v)
   if q.shape[0] % mesh.size:
     return dot_product_attention(q, k, v, "xla")
   spec = jax.sharding.PartitionSpec(mesh.axis_names)  # The batch over every axis.
-  return jax.shard_map(_pallas, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec,
+  return jax.shard_map(kernel, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec,
                        check_vma=False)(q, k, v)
 
 

@@ -27,7 +27,9 @@ KNOWN_CLASSES = {"imagenet21k": 21843, "imagenet2012": 1000, "cifar10": 10, "cif
                  "oxford_iiit_pet": 37, "oxford_flowers102": 102, "fashion_mnist": 10,
                  "mnist": 10, "svhn_cropped": 10}
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-ATTENTION_PATHS = {"pallas": "Pallas splash attention, no (batch, heads, tokens, tokens) tensor",
+ATTENTION_PATHS = {"pallas": "Pallas kernels (resident; splash for long sequences), no "
+                             "(batch, heads, tokens, tokens) tensor",
+                   "splash": "Pallas splash attention, tokens padded to blocks of 128",
                    "xla": "XLA ops, bf16 probabilities kept for the backward pass",
                    "cudnn": "cuDNN flash attention"}
 MAX_CANDIDATES = 8  # Compiles the fit search may spend, the config's own not counted.
@@ -343,7 +345,7 @@ def attempt(c: ml_collections.ConfigDict, topology: Topology, num_classes: int,
   else:
     # XLA counts no FLOPs of a Pallas kernel: the attention's, analytic, added to its count.
     kernel = 0.0
-    if out.attention == "pallas":
+    if out.attention in ("pallas", "splash"):
       kernel = attention_flops(setup.model, cfg.data.image_size) * setup.micro_batch / len(
           topology.devices)
     out.train, out.eval = step_stats(train, 3 * kernel), step_stats(evaluate, kernel)
