@@ -323,7 +323,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   p.add_argument("--image_size", type=int, default=224)
   p.add_argument("--num_classes", type=int, default=1000)
   p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
-  p.add_argument("--attention_impl", choices=("auto", "xla", "cudnn", "pallas", "splash"), default="auto",
+  p.add_argument("--attention_impl", choices=[i for i in attention.IMPLS if i], default="auto",
                  help="model.attention_impl (models/attention.py)")
   p.add_argument("--num_layers", type=int, default=None,
                  help="override the model's depth (both frameworks), for quick runs")

@@ -26,6 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 
 IMPLS = (None, "auto", "xla", "cudnn", "pallas", "splash")
+# The paths of Pallas kernels: run per shard of the batch under the run's mesh, their FLOPs
+# uncounted by XLA.
+PALLAS_IMPLS = ("pallas", "splash")
 PALLAS_BLOCK = 128  # The TPU kernel's tokens come in blocks of 128 (its lane width).
 
 
@@ -85,7 +88,7 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, impl: str) -
     if q.dtype == jnp.float32:
       return jax.nn.dot_product_attention(q, k, v)
     return xla_attention(q, k, v)
-  if impl in ("pallas", "splash"):
+  if impl in PALLAS_IMPLS:
     return pallas_attention(q, k, v, _pallas if impl == "pallas" else _splash)
   if impl == "cudnn":
     return _cudnn_attention(q, k, v)

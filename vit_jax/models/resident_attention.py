@@ -3,8 +3,9 @@
 The projections before and after attention keep q, k, v and the output tokens-minor in HBM,
 (batch, heads * head_dim, tokens): the layout XLA gives a matmul's (batch, tokens, features)
 there, unless the images a chip fill the 128 lanes better than the tokens do (256 on v5e: it
-lays them out batch-minor and copies them to this layout). The splash kernel takes (batch, heads, tokens, head_dim) padded to whole blocks of 128
-tokens (197 -> 256), so each block wrote q, k, v twice, once as the projection left them and
+lays them out batch-minor and copies them to this layout). The splash kernel takes (batch,
+heads, tokens, head_dim) padded to whole blocks of 128 tokens (197 -> 256), so each block
+wrote q, k, v twice, once as the projection left them and
 once transposed and padded for the kernel, and the kernel's outputs were copied back. This
 kernel reads the projection's arrays as they are: a grid step takes one image and a group of
 heads, `(heads_in_group * head_dim, tokens)`, holds each head's (keys, queries) float32 scores

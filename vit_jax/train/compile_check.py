@@ -16,7 +16,7 @@ import ml_collections
 
 from vit_jax import models
 from vit_jax.checkpoint import description, loader
-from vit_jax.models import footprint
+from vit_jax.models import attention, footprint
 from vit_jax.config_errors import ConfigError
 from vit_jax.evaluators.classification import ClassificationEvaluator
 from vit_jax.train import run_setup, trainer, tpu_specs
@@ -345,7 +345,7 @@ def attempt(c: ml_collections.ConfigDict, topology: Topology, num_classes: int,
   else:
     # XLA counts no FLOPs of a Pallas kernel: the attention's, analytic, added to its count.
     kernel = 0.0
-    if out.attention in ("pallas", "splash"):
+    if out.attention in attention.PALLAS_IMPLS:
       kernel = attention_flops(setup.model, cfg.data.image_size) * setup.micro_batch / len(
           topology.devices)
     out.train, out.eval = step_stats(train, 3 * kernel), step_stats(evaluate, kernel)

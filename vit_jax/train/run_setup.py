@@ -250,7 +250,7 @@ class RunSetup:
   def mesh_scope(self) -> contextlib.AbstractContextManager:
     """What the run's steps are traced in: its mesh set (`jax.set_mesh`) where the attention
     kernel runs on each device's part of the batch (Pallas on TPU), nothing otherwise."""
-    if self.model.attention_impl in ("pallas", "splash"):
+    if self.model.attention_impl in attention.PALLAS_IMPLS:
       return jax.set_mesh(self.mesh)
     return contextlib.nullcontext()
 
